@@ -1,0 +1,5 @@
+/**
+ * Metadata key under which `@DisLock` stores its validated options (an array, one entry per
+ * decorator, outermost last) on the method: `Reflect.getMetadata(DISLOCK_METADATA, proto.method)`.
+ */
+export const DISLOCK_METADATA = 'dislock:options';

@@ -1,0 +1,101 @@
+import { Inject } from '@nestjs/common';
+import { PROPERTY_DEPS_METADATA } from '@nestjs/common/constants';
+import { lastValueFrom, type Observable, throwError } from 'rxjs';
+import { DISLOCK_METADATA } from './dislock.constants';
+import { DisLockInterceptor, type LockedMethodSpec } from './dislock.interceptor';
+import { DISLOCK_INTERCEPTOR_PROPERTY } from './dislock.internal-constants';
+import type { DisLockOptions, LockKey } from './dislock.options';
+import { DisLockSetupError, InvalidLockOptionsError } from './errors';
+import { compileKey } from './key-template';
+import { validateDecoratorOptions } from './options.validation';
+
+type AnyMethod = (this: object, ...args: unknown[]) => unknown;
+
+function declaresObservable(target: object, propertyKey: string | symbol): boolean {
+  const type: unknown = Reflect.getMetadata('design:returntype', target, propertyKey);
+  return typeof type === 'function' && typeof (type.prototype as { subscribe?: unknown })?.subscribe === 'function';
+}
+
+/** Adds the interceptor as an injected property of the class, once however many methods are locked. */
+function injectInterceptor(target: object): void {
+  const injected = (Reflect.getOwnMetadata(PROPERTY_DEPS_METADATA, target.constructor) ?? []) as { key: unknown }[];
+  if (!injected.some((dependency) => dependency.key === DISLOCK_INTERCEPTOR_PROPERTY)) {
+    Inject(DisLockInterceptor)(target, DISLOCK_INTERCEPTOR_PROPERTY);
+  }
+}
+
+/** Keeps the wrapped method's identity: name, length and every metadata key set on it so far. */
+function copyIdentity(from: AnyMethod, to: AnyMethod): void {
+  Object.defineProperty(to, 'name', { value: from.name, configurable: true });
+  Object.defineProperty(to, 'length', { value: from.length, configurable: true });
+  for (const key of Reflect.getOwnMetadataKeys(from)) {
+    Reflect.defineMetadata(key, Reflect.getOwnMetadata(key, from), to);
+  }
+}
+
+/**
+ * Runs the method while holding a distributed lock on Redis.
+ *
+ * ```ts
+ * @DisLock('order:{0}')                                  // key template over the arguments
+ * @DisLock({ key: 'user:{0.id}', expire: 5_000 })       // fixed 5 s lease, never renewed
+ * @DisLock({ key: (job: Job) => `job:${job.id}`, waitTime: 2_000 })
+ * ```
+ *
+ * Works on any method of a class built by Nest (controllers and plain providers alike). The
+ * locked method returns a Promise (or, when declared to return an `Observable`, an Observable that
+ * takes the lock at subscribe). Options are validated here, when the class is defined.
+ */
+export function DisLock(optionsOrKey: DisLockOptions | string): MethodDecorator {
+  return (target, propertyKey, descriptor) => {
+    const where = `@DisLock on ${(target as { constructor: { name: string } }).constructor.name}.${String(propertyKey)}`;
+    const options = validateDecoratorOptions(
+      where,
+      typeof optionsOrKey === 'string' ? { key: optionsOrKey } : optionsOrKey,
+    );
+    const original = descriptor.value as unknown;
+    if (typeof original !== 'function') {
+      throw new InvalidLockOptionsError('target', `${where}: @DisLock applies to methods only`);
+    }
+    const { key, ifExpireWhenFinish, ...timing } = options;
+    const spec: LockedMethodSpec = {
+      where,
+      resolveKey: compileWithContext(where, key),
+      options: timing,
+      releaseOnFinish: ifExpireWhenFinish ?? true,
+    };
+    const returnsObservable = declaresObservable(target, propertyKey);
+    injectInterceptor(target);
+
+    const method = original as AnyMethod;
+    const locked = function (this: object, ...args: unknown[]): Observable<unknown> | Promise<unknown> {
+      const interceptor = (this as Record<symbol, unknown> | undefined)?.[DISLOCK_INTERCEPTOR_PROPERTY];
+      if (!(interceptor instanceof DisLockInterceptor)) {
+        const error = new DisLockSetupError(
+          `${where}: this instance was not created by Nest's dependency injection, so it has no lock service. ` +
+            'Register the class as a provider or controller of a module that can see DisLockModule, and get it from Nest ' +
+            '(not with `new`, `useValue` or `useFactory`).',
+        );
+        return returnsObservable ? throwError(() => error) : Promise.reject(error);
+      }
+      const result = interceptor.intercept(spec, () => method.apply(this, args), args);
+      return returnsObservable ? result : lastValueFrom(result, { defaultValue: undefined });
+    };
+    copyIdentity(method, locked);
+    const previous = (Reflect.getOwnMetadata(DISLOCK_METADATA, method) ?? []) as DisLockOptions[];
+    Reflect.defineMetadata(DISLOCK_METADATA, [...previous, options], locked);
+    descriptor.value = locked as typeof descriptor.value;
+    return descriptor;
+  };
+}
+
+function compileWithContext(where: string, key: LockKey): LockedMethodSpec['resolveKey'] {
+  try {
+    return compileKey(key);
+  } catch (error) {
+    if (error instanceof InvalidLockOptionsError) {
+      throw new InvalidLockOptionsError('key', error.message.replace(/^@DisLock/, where));
+    }
+    throw error;
+  }
+}

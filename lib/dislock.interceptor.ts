@@ -1,0 +1,74 @@
+import { Injectable } from '@nestjs/common';
+import {
+  concatWith,
+  defer,
+  finalize,
+  from,
+  ignoreElements,
+  isObservable,
+  mergeMap,
+  Observable,
+  of,
+  throwError,
+  catchError,
+} from 'rxjs';
+import type { DisLockOptions } from './dislock.options';
+import type { KeyResolver } from './key-template';
+import type { Handle } from './lock-handle';
+import { LockService } from './lock.service';
+
+/** What `@DisLock` computed once, when the class was defined. */
+export interface LockedMethodSpec {
+  /** `ClassName.method`, for messages. */
+  readonly where: string;
+  readonly resolveKey: KeyResolver;
+  /** Validated timing options; module defaults fill the rest at call time. */
+  readonly options: Omit<DisLockOptions, 'key' | 'ifExpireWhenFinish'>;
+  readonly releaseOnFinish: boolean;
+}
+
+function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
+  return (
+    (typeof value === 'object' || typeof value === 'function') &&
+    value !== null &&
+    typeof (value as PromiseLike<unknown>).then === 'function'
+  );
+}
+
+function toObservable(result: unknown): Observable<unknown> {
+  if (isObservable(result)) return result;
+  if (isPromiseLike(result)) return from(result);
+  return of(result);
+}
+
+/**
+ * The rxjs pipeline behind `@DisLock`: resolve the key and acquire in `defer`, run the method
+ * inside the lock's async scope, then release the lock (or only stop renewing it) in `finalize`.
+ * Completion and errors are held back until the release step has finished, so a Promise-returning
+ * method resolves only once its lock is free.
+ */
+@Injectable()
+export class DisLockInterceptor {
+  constructor(private readonly locks: LockService) {}
+
+  intercept(spec: LockedMethodSpec, invoke: () => unknown, args: readonly unknown[]): Observable<unknown> {
+    return defer(() => {
+      const name = spec.resolveKey(args); // throws KeyResolutionError before Redis is touched
+      return this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish);
+    }).pipe(mergeMap((handle) => this.runLocked(spec, handle, invoke)));
+  }
+
+  private runLocked(spec: LockedMethodSpec, handle: Handle, invoke: () => unknown): Observable<unknown> {
+    let finished: Promise<void> | undefined;
+    const finish = (): Promise<void> => (finished ??= this.locks.finish(handle, spec.releaseOnFinish));
+    const afterFinish = defer(finish).pipe(ignoreElements());
+    const method = new Observable<unknown>((subscriber) =>
+      this.locks.runInScope(handle, () => defer(() => toObservable(invoke())).subscribe(subscriber)),
+    );
+    return method.pipe(
+      concatWith(afterFinish),
+      catchError((error: unknown) => afterFinish.pipe(concatWith(throwError(() => error)))),
+      finalize(() => void finish()), // unsubscribed early: free the lock all the same
+    );
+  }
+}

@@ -1,0 +1,52 @@
+import { type DynamicModule, Logger, Module } from '@nestjs/common';
+import { DisLockInterceptor } from './dislock.interceptor';
+import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from './dislock.internal-constants';
+import {
+  DisLockConfigurableModule,
+  DISLOCK_MODULE_OPTIONS,
+  type DISLOCK_ASYNC_OPTIONS_TYPE,
+  type DISLOCK_OPTIONS_TYPE,
+} from './dislock.module-definition';
+import type { ResolvedModuleOptions } from './dislock.options';
+import { LockService } from './lock.service';
+import { resolveModuleOptions } from './options.validation';
+import { connectRedis } from './store/redis-client';
+import type { LockStore } from './store/lock-store.interface';
+import { RedisLockStore } from './store/redis-lock.store';
+
+function createStore(options: ResolvedModuleOptions): LockStore {
+  const { client, owned } = connectRedis(options.redis, new Logger('DisLock'));
+  return new RedisLockStore(client, owned, options.operationTimeout);
+}
+
+/**
+ * Distributed locks for a Nest application.
+ *
+ * ```ts
+ * DisLockModule.forRoot({ redis: 'redis://localhost:6379' })
+ * DisLockModule.forRootAsync({ inject: [ConfigService], useFactory: (c) => ({ redis: c.get('REDIS_URL') }) })
+ * ```
+ * Global by default (`isGlobal: false` to import it where needed). On shutdown, held locks are
+ * released and a Redis client the module created is closed.
+ */
+@Module({
+  providers: [
+    { provide: DISLOCK_RESOLVED_OPTIONS, useFactory: resolveModuleOptions, inject: [DISLOCK_MODULE_OPTIONS] },
+    { provide: DISLOCK_STORE, useFactory: createStore, inject: [DISLOCK_RESOLVED_OPTIONS] },
+    LockService,
+    DisLockInterceptor,
+  ],
+  exports: [LockService, DisLockInterceptor],
+})
+export class DisLockModule extends DisLockConfigurableModule {
+  /** Configure with options known up front; they are validated here, before the app starts. */
+  static forRoot(options: typeof DISLOCK_OPTIONS_TYPE): DynamicModule {
+    resolveModuleOptions(options);
+    return super.forRoot(options);
+  }
+
+  /** Configure from other providers (`useFactory`, `useClass` or `useExisting`); validated at startup. */
+  static forRootAsync(options: typeof DISLOCK_ASYNC_OPTIONS_TYPE): DynamicModule {
+    return super.forRootAsync(options);
+  }
+}

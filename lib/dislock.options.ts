@@ -1,0 +1,88 @@
+import type { Cluster, Redis, RedisOptions } from 'ioredis';
+
+/** A key template over the method's arguments (`'order:{0}'`, `'user:{0.id}'`) or a function of them. */
+export type LockKey = string | ((...args: never[]) => string);
+
+/** Timing options shared by `@DisLock`, `LockService` and the module-wide defaults. */
+export interface LockTimingOptions {
+  /**
+   * Fixed lease in ms. When set (> 0) the lock expires after this long and is never renewed.
+   * Default `-1`: unset, the watchdog keeps the lock alive instead.
+   */
+  expire?: number;
+  /** Lease in ms that the watchdog keeps resetting every `lockWatchdogTimeout / 3`. Default 30 000. */
+  lockWatchdogTimeout?: number;
+  /** Renewals at most; `<= 0` means no limit. Default 360 (360 x 10 s = 1 h). */
+  maxRenewTimes?: number;
+  /** ms to keep trying while another owner holds the lock; `0` fails at once. Default 0. */
+  waitTime?: number;
+}
+
+/** Options of `LockService.tryLock`, `lock` and `withLock`. */
+export type LockOptions = LockTimingOptions;
+
+/** Options of `@DisLock`. */
+export interface DisLockOptions extends LockTimingOptions {
+  /** Lock name: a template over the method's own arguments, or a function of them. Required. */
+  key: LockKey;
+  /**
+   * On finish, `true` (default) releases the lock; `false` stops renewal and leaves the key to
+   * expire on its own (useful to keep a job from running again within the lease).
+   */
+  ifExpireWhenFinish?: boolean;
+}
+
+/** What `DisLockModule.forRoot` accepts as `redis`. */
+export type RedisConnection = Redis | Cluster | RedisOptions | string;
+
+export interface DisLockModuleOptions {
+  /**
+   * An ioredis `Redis` or `Cluster` instance (the application keeps ownership and closes it), or
+   * `RedisOptions` / a `redis://` URL (the module creates the client and closes it on shutdown).
+   */
+  redis: RedisConnection;
+  /** Prepended to every lock name to form the Redis key. Default `'dislock:'`. */
+  keyPrefix?: string;
+  /** Default `lockWatchdogTimeout` for every lock of this module. */
+  lockWatchdogTimeout?: number;
+  /** Default `maxRenewTimes` for every lock of this module. */
+  maxRenewTimes?: number;
+  /** Default `waitTime` for every lock of this module. */
+  waitTime?: number;
+  /**
+   * Upper bound in ms on any single Redis round trip of a lock operation. Past it the operation
+   * fails with `RedisUnavailableError` instead of waiting for a reconnect. Default 5 000.
+   */
+  operationTimeout?: number;
+}
+
+/** Module options after defaults are applied and values validated. */
+export interface ResolvedModuleOptions {
+  readonly redis: RedisConnection;
+  readonly keyPrefix: string;
+  readonly lockWatchdogTimeout: number;
+  readonly maxRenewTimes: number;
+  readonly waitTime: number;
+  readonly operationTimeout: number;
+}
+
+/** Timing of one acquisition, every default applied. `expire === -1` means the watchdog renews. */
+export interface ResolvedLockOptions {
+  readonly expire: number;
+  readonly lockWatchdogTimeout: number;
+  readonly maxRenewTimes: number;
+  readonly waitTime: number;
+}
+
+export const UNSET_EXPIRE = -1;
+
+export const DEFAULT_MODULE_OPTIONS = {
+  keyPrefix: 'dislock:',
+  lockWatchdogTimeout: 30_000,
+  maxRenewTimes: 360,
+  waitTime: 0,
+  operationTimeout: 5_000,
+} as const satisfies Omit<ResolvedModuleOptions, 'redis'>;
+
+/** Longest lock name (after template resolution, without the prefix), in characters. */
+export const MAX_LOCK_NAME_LENGTH = 512;

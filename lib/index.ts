@@ -1,0 +1,19 @@
+export { DisLockModule } from './dislock.module';
+export { DisLock } from './dislock.decorator';
+export { LockService } from './lock.service';
+export type { LockHandle } from './lock-handle';
+export { DISLOCK_METADATA } from './dislock.constants';
+export { DISLOCK_MODULE_OPTIONS } from './dislock.module-definition';
+export {
+  DEFAULT_MODULE_OPTIONS,
+  MAX_LOCK_NAME_LENGTH,
+  UNSET_EXPIRE,
+  type DisLockModuleOptions,
+  type DisLockOptions,
+  type LockKey,
+  type LockOptions,
+  type LockTimingOptions,
+  type RedisConnection,
+} from './dislock.options';
+export type { AcquireResult, LockStore, ReleaseResult } from './store/lock-store.interface';
+export * from './errors';

@@ -1,0 +1,127 @@
+import type { ResolvedLockOptions } from './dislock.options';
+
+/** One acquisition of a lock, as the caller holds it. */
+export interface LockHandle {
+  /** The lock name, without the key prefix. */
+  readonly name: string;
+  /** The Redis key: prefix + name. */
+  readonly key: string;
+  /** Random owner id (128 bits) of the outermost acquisition; reentrant acquisitions share it. */
+  readonly owner: string;
+  /** Aborted, with a `LockLostError` as reason, when the lock is lost or its lease runs out. */
+  readonly signal: AbortSignal;
+  /** Drop this hold. Owner-safe. `true` when this call freed the lock (a reentrant hold gives `false`). */
+  release(): Promise<boolean>;
+  /** Stop the watchdog and keep the key until it expires. Has no effect on a reentrant hold. */
+  stopRenewal(): void;
+  /** `await using lock = await locks.lock('x')`: releases at the end of the block; never throws. */
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/** What a handle calls back into; implemented by `LockService`. */
+export interface HoldKeeper {
+  releaseHold(lock: HeldLock): Promise<boolean>;
+  stopRenewal(lock: HeldLock): void;
+  disposeHold(handle: LockHandle): Promise<void>;
+}
+
+export type HeldLockState =
+  /** Held, and renewed by the watchdog or waiting for its fixed lease to end. */
+  | 'held'
+  /** Renewal stopped on purpose; the key is left to expire. */
+  | 'detached'
+  /** Every hold was released. */
+  | 'released'
+  /** Lost: see the signal's reason. */
+  | 'lost'
+  /** Given up at application shutdown (released, or left to expire). */
+  | 'shut-down';
+
+/**
+ * The state one owner keeps for one lock while it holds it: the owner id, the lease, the
+ * watchdog's timer and the abort signal shared by the outermost and every reentrant handle.
+ * Exists from acquisition to release, so memory is bounded by the locks held, not names seen.
+ */
+export class HeldLock {
+  state: HeldLockState = 'held';
+  /** Handles of this owner not yet released. */
+  holds = 1;
+  /** Renewals done so far. */
+  renewals = 0;
+  /** `performance.now()` at which the lease ends, as far as this process knows. */
+  leaseEndsAt: number;
+  /** The watchdog's next renewal, or the end-of-lease check of a lease that is not renewed. */
+  timer: NodeJS.Timeout | undefined;
+  /** The last renewal error, kept to explain a lease that ran out while Redis was unreachable. */
+  lastError: unknown;
+  readonly controller = new AbortController();
+
+  constructor(
+    readonly name: string,
+    readonly key: string,
+    readonly owner: string,
+    readonly options: ResolvedLockOptions,
+    acquiredAt: number,
+    /** Leave the key to expire at shutdown instead of deleting it (`ifExpireWhenFinish: false`). */
+    readonly keepOnShutdown: boolean,
+  ) {
+    this.leaseEndsAt = acquiredAt + this.leaseMs;
+  }
+
+  /** Whether the watchdog renews this lock (no fixed `expire`). */
+  get renewing(): boolean {
+    return this.options.expire <= 0;
+  }
+
+  /** The lease asked of Redis at acquisition and on each renewal. */
+  get leaseMs(): number {
+    return this.renewing ? this.options.lockWatchdogTimeout : this.options.expire;
+  }
+}
+
+/** The handle given to callers; one per acquisition, outermost or reentrant. */
+export class Handle implements LockHandle {
+  private released = false;
+
+  constructor(
+    readonly lock: HeldLock,
+    /** A reentrant acquisition inside the outermost one's async call chain. */
+    readonly reentrant: boolean,
+    private readonly keeper: HoldKeeper,
+  ) {}
+
+  get name(): string {
+    return this.lock.name;
+  }
+
+  get key(): string {
+    return this.lock.key;
+  }
+
+  get owner(): string {
+    return this.lock.owner;
+  }
+
+  get signal(): AbortSignal {
+    return this.lock.controller.signal;
+  }
+
+  /** Whether `release()` has been called on this handle. */
+  get isReleased(): boolean {
+    return this.released;
+  }
+
+  release(): Promise<boolean> {
+    if (this.released) return Promise.resolve(false);
+    this.released = true;
+    return this.keeper.releaseHold(this.lock);
+  }
+
+  stopRenewal(): void {
+    if (!this.reentrant && !this.released) this.keeper.stopRenewal(this.lock);
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.keeper.disposeHold(this);
+  }
+}

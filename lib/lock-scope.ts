@@ -1,0 +1,34 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
+import type { Handle } from './lock-handle';
+
+/** One link of the chain of locks held by the running async call chain, innermost first. */
+interface ScopeLink {
+  readonly handle: Handle;
+  readonly parent: ScopeLink | undefined;
+}
+
+/**
+ * Which locks the running async call chain holds: the Node counterpart of Redisson's
+ * `uuid:threadId`. Code running inside a locked method or `withLock` callback sees the locks of
+ * its callers; two independent calls never see each other's. One instance per `LockService`, so
+ * two applications in one process never share it.
+ */
+export class LockScope {
+  private readonly storage = new AsyncLocalStorage<ScopeLink>();
+
+  /** Run `fn` with `handle` added to the current chain. */
+  run<T>(handle: Handle, fn: () => T): T {
+    return this.storage.run({ handle, parent: this.storage.getStore() }, fn);
+  }
+
+  /** The innermost handle of the chain for `key` (any key when omitted) whose lock is still held. */
+  find(key?: string): Handle | undefined {
+    for (let link = this.storage.getStore(); link; link = link.parent) {
+      const { handle } = link;
+      if ((key === undefined || handle.key === key) && handle.lock.state === 'held' && !handle.isReleased) {
+        return handle;
+      }
+    }
+    return undefined;
+  }
+}

@@ -1,0 +1,245 @@
+import { randomBytes } from 'node:crypto';
+import { type BeforeApplicationShutdown, Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
+import type { LockOptions, ResolvedLockOptions, ResolvedModuleOptions } from './dislock.options';
+import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from './dislock.internal-constants';
+import {
+  DisLockError,
+  InvalidLockOptionsError,
+  LockLostError,
+  LockNotAcquiredError,
+  RedisUnavailableError,
+} from './errors';
+import { checkLockName } from './key-template';
+import { Handle, HeldLock, type HoldKeeper, type LockHandle } from './lock-handle';
+import { LockScope } from './lock-scope';
+import type { LockStore } from './store/lock-store.interface';
+import { resolveLockOptions, validateLockOptions } from './options.validation';
+import { Watchdog } from './watchdog';
+
+const now = (): number => performance.now();
+
+function newOwnerId(): string {
+  return randomBytes(16).toString('hex');
+}
+
+function describeError(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/**
+ * Distributed locks on Redis: owner-safe, renewed by a watchdog, reentrant within one async
+ * call chain. The one place that talks to the lock store.
+ */
+@Injectable()
+export class LockService implements HoldKeeper, BeforeApplicationShutdown, OnApplicationShutdown {
+  private readonly logger = new Logger('DisLock');
+  private readonly scope = new LockScope();
+  /** Locks this service holds and will release at shutdown; an entry lives only while held. */
+  private readonly held = new Set<HeldLock>();
+  private readonly shuttingDown = new AbortController();
+  private readonly watchdog: Watchdog;
+
+  constructor(
+    @Inject(DISLOCK_RESOLVED_OPTIONS) private readonly options: ResolvedModuleOptions,
+    @Inject(DISLOCK_STORE) private readonly store: LockStore,
+  ) {
+    this.watchdog = new Watchdog(store, this.logger, (lock) => this.held.delete(lock));
+  }
+
+  /**
+   * Take the lock `name`, waiting up to `waitTime` while another owner holds it. Resolves `null`
+   * when it is still busy after that; rejects with `RedisUnavailableError` when Redis fails.
+   * Inside a locked method or `withLock` callback that already holds `name`, re-enters it.
+   */
+  async tryLock(name: string, options?: LockOptions): Promise<LockHandle | null> {
+    return this.acquire(this.checkName(name), this.resolve('LockService.tryLock', options), false);
+  }
+
+  /** Like `tryLock`, but rejects with `LockNotAcquiredError` when the lock stays busy. */
+  async lock(name: string, options?: LockOptions): Promise<LockHandle> {
+    const lockName = this.checkName(name);
+    const resolved = this.resolve('LockService.lock', options);
+    const handle = await this.acquire(lockName, resolved, false);
+    if (!handle) throw new LockNotAcquiredError(lockName, resolved.waitTime);
+    return handle;
+  }
+
+  /**
+   * Run `fn` while holding the lock `name`, then release it (also when `fn` throws). Rejects with
+   * `LockNotAcquiredError` when the lock stays busy. `fn`'s result and errors pass through as
+   * they are; a failed release is logged, not thrown.
+   */
+  async withLock<T>(name: string, fn: (lock: LockHandle) => T | Promise<T>, options?: LockOptions): Promise<T> {
+    if (typeof fn !== 'function') {
+      throw new InvalidLockOptionsError('fn', 'LockService.withLock: the second argument must be a function');
+    }
+    const handle = (await this.lock(name, options)) as Handle;
+    try {
+      return await this.runInScope(handle, () => fn(handle));
+    } finally {
+      await this.finish(handle, true);
+    }
+  }
+
+  /**
+   * The lock held by the running async call chain: the innermost one named `name`, or the
+   * innermost of all when `name` is omitted. Only locks taken by `@DisLock` and `withLock` are
+   * visible here (they run the code that follows inside the lock).
+   */
+  current(name?: string): LockHandle | undefined {
+    return this.scope.find(name === undefined ? undefined : this.options.keyPrefix + name);
+  }
+
+  // ---- used by the interceptor -------------------------------------------------------------
+
+  /** @internal Acquire for a decorated method; rejects with `LockNotAcquiredError` when busy. */
+  async acquireFor(name: string, options: LockOptions, keepOnShutdown: boolean): Promise<Handle> {
+    const resolved = resolveLockOptions(this.options, options);
+    const handle = await this.acquire(name, resolved, keepOnShutdown);
+    if (!handle) throw new LockNotAcquiredError(name, resolved.waitTime);
+    return handle;
+  }
+
+  /** @internal Run `fn` with `handle` as part of the async call chain's held locks. */
+  runInScope<T>(handle: Handle, fn: () => T): T {
+    return this.scope.run(handle, fn);
+  }
+
+  /**
+   * @internal End one acquisition: release it, or (`release: false`, outermost only) just stop
+   * renewing. Never rejects: a failure is logged, the lease then ends the lock on its own.
+   */
+  async finish(handle: Handle, release: boolean): Promise<void> {
+    if (!release && !handle.reentrant) {
+      handle.stopRenewal();
+      return;
+    }
+    try {
+      await handle.release();
+    } catch (error) {
+      this.logger.warn(
+        `Releasing lock "${handle.name}" failed (${describeError(error)}); it expires on its own within its lease`,
+      );
+    }
+  }
+
+  // ---- HoldKeeper --------------------------------------------------------------------------
+
+  /** @internal */
+  async releaseHold(lock: HeldLock): Promise<boolean> {
+    lock.holds -= 1;
+    if (lock.state === 'shut-down') return false; // shutdown already released (or kept) every hold
+    if (lock.holds === 0) this.settle(lock, lock.state === 'held' ? 'released' : lock.state);
+    try {
+      return (await this.store.release(lock.key, lock.owner)) === 'released';
+    } catch (error) {
+      throw new RedisUnavailableError(
+        'release',
+        lock.name,
+        `Could not release lock "${lock.name}": ${describeError(error)}`,
+        { cause: error },
+      );
+    }
+  }
+
+  /** @internal */
+  stopRenewal(lock: HeldLock): void {
+    if (lock.state === 'held') this.settle(lock, 'detached');
+  }
+
+  /** @internal */
+  async disposeHold(handle: LockHandle): Promise<void> {
+    await this.finish(handle as Handle, true);
+  }
+
+  // ---- lifecycle ---------------------------------------------------------------------------
+
+  /** Releases every held lock (those of `ifExpireWhenFinish: false` are left to expire). */
+  async beforeApplicationShutdown(): Promise<void> {
+    this.shuttingDown.abort();
+    const locks = [...this.held];
+    await Promise.all(
+      locks.map(async (lock) => {
+        this.settle(lock, 'shut-down');
+        lock.controller.abort(
+          new LockLostError(lock.name, 'shutdown', `Lock "${lock.name}" given up: the application is shutting down`),
+        );
+        if (lock.keepOnShutdown) return;
+        try {
+          await this.store.release(lock.key, lock.owner, true);
+        } catch (error) {
+          this.logger.warn(
+            `Could not release lock "${lock.name}" at shutdown (${describeError(error)}); it expires on its own`,
+          );
+        }
+      }),
+    );
+  }
+
+  /** Closes the Redis client if the module created it. */
+  async onApplicationShutdown(): Promise<void> {
+    await this.store.close();
+  }
+
+  // ---- internals ---------------------------------------------------------------------------
+
+  private checkName(name: unknown): string {
+    try {
+      return checkLockName(name, typeof name === 'string' ? name : String(name));
+    } catch (error) {
+      throw new InvalidLockOptionsError('name', `LockService: ${describeError(error)}`);
+    }
+  }
+
+  private resolve(where: string, options: LockOptions | undefined): ResolvedLockOptions {
+    return resolveLockOptions(this.options, validateLockOptions(where, options));
+  }
+
+  /** Leave the `held` state: stop the watchdog and forget the lock. */
+  private settle(lock: HeldLock, state: HeldLock['state']): void {
+    this.watchdog.stop(lock);
+    this.held.delete(lock);
+    lock.state = state;
+  }
+
+  private async acquire(name: string, options: ResolvedLockOptions, keepOnShutdown: boolean): Promise<Handle | null> {
+    if (this.shuttingDown.signal.aborted) {
+      throw new DisLockError(`Cannot acquire lock "${name}": the application is shutting down`);
+    }
+    const key = this.options.keyPrefix + name;
+    const outer = this.scope.find(key)?.lock;
+    let owner = outer?.owner ?? newOwnerId();
+    const lease = options.expire > 0 ? options.expire : options.lockWatchdogTimeout;
+    const deadline = now() + options.waitTime;
+    for (let attempt = 0; ; attempt += 1) {
+      const sentAt = now();
+      let result;
+      try {
+        result = await this.store.acquire(key, owner, lease);
+      } catch (error) {
+        throw new RedisUnavailableError('acquire', name, `Could not acquire lock "${name}": ${describeError(error)}`, {
+          cause: error,
+        });
+      }
+      if (result.acquired) {
+        if (outer && owner === outer.owner && outer.state === 'held') {
+          outer.holds += 1; // reentry: the outermost acquisition's watchdog keeps renewing
+          return new Handle(outer, true, this);
+        }
+        const lock = new HeldLock(name, key, owner, options, sentAt, keepOnShutdown);
+        this.held.add(lock);
+        this.watchdog.start(lock);
+        return new Handle(lock, false, this);
+      }
+      if (outer && owner === outer.owner) {
+        // Our own lock belongs to someone else now: the outer holder lost it. Compete as a newcomer.
+        this.watchdog.lose(outer, 'not-owner', 'a reentrant acquisition found it held by another owner');
+        owner = newOwnerId();
+        continue;
+      }
+      const remaining = deadline - now();
+      if (remaining <= 0 || this.shuttingDown.signal.aborted) return null;
+      await this.store.waitForRelease(key, result.ttl, remaining, attempt, this.shuttingDown.signal);
+    }
+  }
+}

@@ -1,0 +1,167 @@
+import { InvalidLockOptionsError } from './errors';
+import {
+  DEFAULT_MODULE_OPTIONS,
+  type DisLockModuleOptions,
+  type DisLockOptions,
+  type LockOptions,
+  type ResolvedLockOptions,
+  type ResolvedModuleOptions,
+  UNSET_EXPIRE,
+} from './dislock.options';
+
+/** Node timers overflow past 2^31 - 1 ms and would fire at once; no duration may exceed it. */
+const MAX_DURATION_MS = 2 ** 31 - 1;
+
+const TIMING_FIELDS = ['expire', 'lockWatchdogTimeout', 'maxRenewTimes', 'waitTime'] as const;
+const DECORATOR_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'key', 'ifExpireWhenFinish']);
+const LOCK_FIELDS: ReadonlySet<string> = new Set(TIMING_FIELDS);
+const MODULE_FIELDS: ReadonlySet<string> = new Set([
+  'redis',
+  'keyPrefix',
+  'lockWatchdogTimeout',
+  'maxRenewTimes',
+  'waitTime',
+  'operationTimeout',
+]);
+
+function describe(value: unknown): string {
+  if (typeof value === 'string') return JSON.stringify(value);
+  if (typeof value === 'number' || typeof value === 'boolean' || value == null) return String(value);
+  return typeof value;
+}
+
+function fail(where: string, option: string, value: unknown, expected: string): never {
+  throw new InvalidLockOptionsError(option, `${where}: option "${option}" must be ${expected}, got ${describe(value)}`);
+}
+
+function checkObject(where: string, value: unknown, allowed: ReadonlySet<string>): Record<string, unknown> {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new InvalidLockOptionsError('options', `${where}: options must be an object, got ${describe(value)}`);
+  }
+  for (const field of Object.keys(value)) {
+    if (!allowed.has(field)) {
+      throw new InvalidLockOptionsError(
+        field,
+        `${where}: unknown option "${field}" (known: ${[...allowed].join(', ')})`,
+      );
+    }
+  }
+  return value as Record<string, unknown>;
+}
+
+function isWholeMs(value: unknown): value is number {
+  return typeof value === 'number' && Number.isSafeInteger(value);
+}
+
+function positiveMs(where: string, option: string, value: unknown): number {
+  if (!isWholeMs(value) || value <= 0 || value > MAX_DURATION_MS) {
+    fail(where, option, value, `a whole number of milliseconds between 1 and ${MAX_DURATION_MS}`);
+  }
+  return value;
+}
+
+function nonNegativeMs(where: string, option: string, value: unknown): number {
+  if (!isWholeMs(value) || value < 0 || value > MAX_DURATION_MS) {
+    fail(where, option, value, `a whole number of milliseconds between 0 and ${MAX_DURATION_MS}`);
+  }
+  return value;
+}
+
+function wholeCount(where: string, option: string, value: unknown): number {
+  if (!isWholeMs(value)) fail(where, option, value, 'a whole number (<= 0 means no limit)');
+  return value;
+}
+
+/** Validates the timing fields that are present; absent ones stay absent. */
+function checkTiming(where: string, raw: Record<string, unknown>): LockOptions {
+  const out: { -readonly [K in keyof LockOptions]: LockOptions[K] } = {};
+  if (raw.expire !== undefined) {
+    out.expire = raw.expire === UNSET_EXPIRE ? UNSET_EXPIRE : positiveMs(where, 'expire', raw.expire);
+  }
+  if (raw.lockWatchdogTimeout !== undefined) {
+    out.lockWatchdogTimeout = positiveMs(where, 'lockWatchdogTimeout', raw.lockWatchdogTimeout);
+  }
+  if (raw.maxRenewTimes !== undefined) out.maxRenewTimes = wholeCount(where, 'maxRenewTimes', raw.maxRenewTimes);
+  if (raw.waitTime !== undefined) out.waitTime = nonNegativeMs(where, 'waitTime', raw.waitTime);
+  if (out.expire !== undefined && out.expire > 0) {
+    for (const field of ['lockWatchdogTimeout', 'maxRenewTimes'] as const) {
+      if (out[field] !== undefined) {
+        throw new InvalidLockOptionsError(
+          field,
+          `${where}: option "${field}" configures renewal, but "expire" sets a fixed lease that is never renewed; set one or the other`,
+        );
+      }
+    }
+  }
+  return out;
+}
+
+/** Validates `@DisLock` options (the key template is compiled separately). */
+export function validateDecoratorOptions(where: string, raw: unknown): DisLockOptions {
+  const input = checkObject(where, raw, DECORATOR_FIELDS);
+  const key = input.key;
+  if (key === undefined) {
+    throw new InvalidLockOptionsError('key', `${where}: option "key" is required`);
+  }
+  if (typeof key !== 'function' && (typeof key !== 'string' || key.length === 0)) {
+    fail(where, 'key', key, 'a non-empty template string or a function of the method arguments');
+  }
+  if (input.ifExpireWhenFinish !== undefined && typeof input.ifExpireWhenFinish !== 'boolean') {
+    fail(where, 'ifExpireWhenFinish', input.ifExpireWhenFinish, 'a boolean');
+  }
+  return {
+    ...checkTiming(where, input),
+    key: key as DisLockOptions['key'],
+    ...(input.ifExpireWhenFinish !== undefined && { ifExpireWhenFinish: input.ifExpireWhenFinish }),
+  };
+}
+
+/** Validates the options argument of a `LockService` call. */
+export function validateLockOptions(where: string, raw: unknown): LockOptions {
+  return raw === undefined ? {} : checkTiming(where, checkObject(where, raw, LOCK_FIELDS));
+}
+
+/** Validates `DisLockModule.forRoot` options and applies the module defaults. */
+export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
+  const where = 'DisLockModule';
+  // `isGlobal` is consumed by the module builder; tolerate it when the whole object is passed on.
+  const { isGlobal: _isGlobal, ...rest } = checkObject(where, raw, new Set([...MODULE_FIELDS, 'isGlobal']));
+  const input = rest as Partial<DisLockModuleOptions>;
+  const redis = input.redis;
+  if (
+    redis === undefined ||
+    redis === null ||
+    (typeof redis !== 'string' && typeof redis !== 'object') ||
+    (typeof redis === 'string' && !/^rediss?:\/\//.test(redis))
+  ) {
+    fail(where, 'redis', redis, 'an ioredis Redis or Cluster instance, RedisOptions, or a redis:// URL');
+  }
+  if (input.keyPrefix !== undefined && typeof input.keyPrefix !== 'string') {
+    fail(where, 'keyPrefix', input.keyPrefix, 'a string');
+  }
+  const timing = checkTiming(where, rest);
+  if (timing.expire !== undefined) {
+    throw new InvalidLockOptionsError('expire', `${where}: "expire" is set per lock, not module-wide`);
+  }
+  return {
+    redis,
+    keyPrefix: input.keyPrefix ?? DEFAULT_MODULE_OPTIONS.keyPrefix,
+    lockWatchdogTimeout: timing.lockWatchdogTimeout ?? DEFAULT_MODULE_OPTIONS.lockWatchdogTimeout,
+    maxRenewTimes: timing.maxRenewTimes ?? DEFAULT_MODULE_OPTIONS.maxRenewTimes,
+    waitTime: timing.waitTime ?? DEFAULT_MODULE_OPTIONS.waitTime,
+    operationTimeout:
+      input.operationTimeout === undefined
+        ? DEFAULT_MODULE_OPTIONS.operationTimeout
+        : positiveMs(where, 'operationTimeout', input.operationTimeout),
+  };
+}
+
+/** Fills the gaps of per-lock options with the module defaults. */
+export function resolveLockOptions(defaults: ResolvedModuleOptions, options: LockOptions): ResolvedLockOptions {
+  return {
+    expire: options.expire ?? UNSET_EXPIRE,
+    lockWatchdogTimeout: options.lockWatchdogTimeout ?? defaults.lockWatchdogTimeout,
+    maxRenewTimes: options.maxRenewTimes ?? defaults.maxRenewTimes,
+    waitTime: options.waitTime ?? defaults.waitTime,
+  };
+}

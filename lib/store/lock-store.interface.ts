@@ -1,0 +1,39 @@
+/** Outcome of one acquire attempt. */
+export type AcquireResult =
+  /** Taken (or re-entered): `count` is the owner's hold count after this call. */
+  | { readonly acquired: true; readonly count: number }
+  /** Held by another owner: `ttl` is its remaining lease in ms (-1 when the key has none). */
+  | { readonly acquired: false; readonly ttl: number };
+
+/** Outcome of one release call. */
+export type ReleaseResult =
+  /** The key is gone: this call freed the lock. */
+  | 'released'
+  /** The owner's hold count went down but is still above zero (a reentrant hold remains). */
+  | 'decremented'
+  /** The caller does not own the lock (any more); nothing was changed. */
+  | 'not-owner';
+
+/**
+ * The narrow seam between the lock logic and a backend. Every method is atomic on the backend
+ * and owner-checked; the lock for `key` is a hash `{ [owner]: holdCount }` whose TTL is the lease.
+ *
+ * Single-instance Redis implements it today; Cluster, Sentinel, Redlock and an in-memory store
+ * for unit tests slot in beside it.
+ */
+export interface LockStore {
+  /** Take the lock for `owner`, or re-enter it (count + 1, lease never shortened). */
+  acquire(key: string, owner: string, leaseMs: number): Promise<AcquireResult>;
+  /** Reset the lease if `owner` still holds the lock. `false`: not the owner, nothing changed. */
+  renew(key: string, owner: string, leaseMs: number): Promise<boolean>;
+  /** Drop one hold of `owner` (`force`: all of them). Never touches a lock of another owner. */
+  release(key: string, owner: string, force?: boolean): Promise<ReleaseResult>;
+  /**
+   * Resolve when it may be worth trying `key` again: at the latest after `maxWaitMs`, at once when
+   * `signal` aborts. `ttlHint` is the holder's remaining lease as last seen (-1: unknown);
+   * `attempt` counts the failed tries so far. Never rejects.
+   */
+  waitForRelease(key: string, ttlHint: number, maxWaitMs: number, attempt: number, signal: AbortSignal): Promise<void>;
+  /** Close what the store opened itself; a client handed in by the application stays open. */
+  close(): Promise<void>;
+}

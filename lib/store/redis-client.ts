@@ -1,0 +1,60 @@
+import type { Logger } from '@nestjs/common';
+import { Redis, type Cluster, type RedisOptions } from 'ioredis';
+import type { RedisConnection } from '../dislock.options';
+
+export type RedisClient = Redis | Cluster;
+
+/** A client and whether this library created it (and so must close it). */
+export interface OwnedClient {
+  readonly client: RedisClient;
+  readonly owned: boolean;
+}
+
+function isClient(connection: RedisConnection): connection is RedisClient {
+  // Duck-typed rather than `instanceof`, so a client from another copy of ioredis is accepted too.
+  return (
+    typeof connection === 'object' &&
+    typeof (connection as Partial<RedisClient>).evalsha === 'function' &&
+    typeof (connection as Partial<RedisClient>).eval === 'function'
+  );
+}
+
+/**
+ * Uses the application's client as it is, or creates one from options or a URL. A created client
+ * logs connection errors through Nest's logger, once per outage instead of once per retry.
+ */
+export function connectRedis(connection: RedisConnection, logger: Logger): OwnedClient {
+  if (isClient(connection)) return { client: connection, owned: false };
+  const client = typeof connection === 'string' ? new Redis(connection) : new Redis(connection satisfies RedisOptions);
+  let failing = false;
+  client.on('error', (error: Error) => {
+    if (failing) return;
+    failing = true;
+    logger.warn(`Redis connection error: ${error.message}; lock operations fail until it reconnects`);
+  });
+  client.on('ready', () => {
+    if (failing) logger.log('Redis connection restored');
+    failing = false;
+  });
+  return { client, owned: true };
+}
+
+/** Closes a created client: QUIT politely, and drop the socket if that does not answer in time. */
+export async function closeRedis(client: RedisClient, timeoutMs: number): Promise<void> {
+  if (client.status === 'end') return;
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    await Promise.race([
+      client.quit(),
+      new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, timeoutMs);
+        timer.unref();
+      }),
+    ]);
+  } catch {
+    // A client that cannot QUIT is dropped below either way.
+  } finally {
+    clearTimeout(timer);
+    client.disconnect();
+  }
+}
