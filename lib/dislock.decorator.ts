@@ -72,7 +72,8 @@ export function DisLock(optionsOrKey: DisLockOptions | string): MethodDecorator 
       const interceptor = (this as Record<symbol, unknown> | undefined)?.[DISLOCK_INTERCEPTOR_PROPERTY];
       if (!(interceptor instanceof DisLockInterceptor)) {
         const error = new DisLockSetupError(
-          `${where}: this instance was not created by Nest's dependency injection, so it has no lock service. ` +
+          `${where}: this instance was not created by Nest's dependency injection (or the method was called ` +
+            'without its instance as `this`), so it has no lock service. ' +
             'Register the class as a provider or controller of a module that can see DisLockModule, and get it from Nest ' +
             '(not with `new`, `useValue` or `useFactory`).',
         );

@@ -10,7 +10,7 @@ import {
   RedisUnavailableError,
 } from './errors';
 import { checkLockName } from './key-template';
-import { Handle, HeldLock, type HoldKeeper, type LockHandle } from './lock-handle';
+import { Handle, HeldLock, type LockHandle } from './lock-handle';
 import { LockScope } from './lock-scope';
 import type { LockStore } from './store/lock-store.interface';
 import { resolveLockOptions, validateLockOptions } from './options.validation';
@@ -31,7 +31,7 @@ function describeError(error: unknown): string {
  * call chain. The one place that talks to the lock store.
  */
 @Injectable()
-export class LockService implements HoldKeeper, BeforeApplicationShutdown, OnApplicationShutdown {
+export class LockService implements BeforeApplicationShutdown, OnApplicationShutdown {
   private readonly logger = new Logger('DisLock');
   private readonly scope = new LockScope();
   /** Locks this service holds and will release at shutdown; an entry lives only while held. */
@@ -123,7 +123,7 @@ export class LockService implements HoldKeeper, BeforeApplicationShutdown, OnApp
     }
   }
 
-  // ---- HoldKeeper --------------------------------------------------------------------------
+  // ---- HoldKeeper (called by handles) --------------------------------------------------------------------------
 
   /** @internal */
   async releaseHold(lock: HeldLock): Promise<boolean> {

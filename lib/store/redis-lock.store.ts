@@ -38,10 +38,11 @@ export class RedisLockStore implements LockStore {
     } catch (error) {
       if (error instanceof StoreTimeoutError) {
         // The command may still reach Redis later (ioredis queues it while reconnecting). If it
-        // then takes the lock, nobody would ever release it: give it back as soon as it lands.
+        // then takes the lock, nobody would ever release it: give that one hold back as soon as it
+        // lands (one hold only, so a late reentrant acquisition never frees its outer holder's lock).
         pending.then(
           (late) => {
-            if (Array.isArray(late) && late[0] === 1) void this.release(key, owner, true).catch(() => undefined);
+            if (Array.isArray(late) && late[0] === 1) void this.release(key, owner).catch(() => undefined);
           },
           () => undefined,
         );
