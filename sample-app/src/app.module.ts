@@ -1,0 +1,37 @@
+import { type DynamicModule, Module } from '@nestjs/common';
+import { DisLockModule } from 'nestjs-dislock';
+import { APP_CONFIG, type AppConfigInput, resolveConfig } from './app.config';
+import { InventoryController } from './inventory/inventory.controller';
+import { InventoryService } from './inventory/inventory.service';
+import { OrdersController } from './orders/orders.controller';
+import { OrdersService } from './orders/orders.service';
+import { RedisService } from './redis.service';
+import { ReportController } from './reports/report.controller';
+import { ReportService } from './reports/report.service';
+
+@Module({})
+export class AppModule {
+  /** One instance of the app. Start several on the same Redis: the locks work across all of them. */
+  static forRoot(input: AppConfigInput): DynamicModule {
+    const config = resolveConfig(input);
+    return {
+      module: AppModule,
+      imports: [
+        DisLockModule.forRoot({
+          redis: config.redisUrl,
+          keyPrefix: `${config.keyPrefix}lock:`,
+          // Lease of every lock that sets no `expire` of its own (here: reports and inventory).
+          lockWatchdogTimeout: config.lockWatchdogTimeout,
+        }),
+      ],
+      controllers: [OrdersController, ReportController, InventoryController],
+      providers: [
+        { provide: APP_CONFIG, useValue: config },
+        RedisService,
+        OrdersService,
+        ReportService,
+        InventoryService,
+      ],
+    };
+  }
+}
