@@ -1,6 +1,7 @@
 export { DisLockModule } from './dislock.module';
 export { DisLock } from './dislock.decorator';
 export { LockService } from './lock.service';
+export { DisLockExceptionFilter } from './dislock-exception.filter';
 export type { LockHandle } from './lock-handle';
 export { DISLOCK_METADATA } from './dislock.constants';
 export { DISLOCK_MODULE_OPTIONS } from './dislock.module-definition';
