@@ -48,6 +48,12 @@ function copyIdentity(from: AnyMethod, to: AnyMethod): void {
  */
 export function DisLock(optionsOrKey: DisLockOptions | string): MethodDecorator {
   return (target, propertyKey, descriptor) => {
+    if (typeof target === 'function') {
+      throw new InvalidLockOptionsError(
+        'target',
+        `@DisLock on ${target.name}.${String(propertyKey)}: static methods cannot be locked (they are not built by Nest's dependency injection); lock an instance method of a provider`,
+      );
+    }
     const where = `@DisLock on ${(target as { constructor: { name: string } }).constructor.name}.${String(propertyKey)}`;
     const options = validateDecoratorOptions(
       where,

@@ -42,20 +42,46 @@ function toObservable(result: unknown): Observable<unknown> {
 }
 
 /**
- * The rxjs pipeline behind `@DisLock`: resolve the key and acquire in `defer`, run the method
- * inside the lock's async scope, then release the lock (or only stop renewing it) in `finalize`.
- * Completion and errors are held back until the release step has finished, so a Promise-returning
- * method resolves only once its lock is free.
+ * The rxjs pipeline behind `@DisLock`: resolve the key and acquire when subscribed (deferred), run
+ * the method inside the lock's async scope, then release the lock (or only stop renewing it) in
+ * `finalize`. Completion and errors are held back until the release step has finished, so a
+ * Promise-returning method resolves only once its lock is free.
  */
 @Injectable()
 export class DisLockInterceptor {
   constructor(private readonly locks: LockService) {}
 
   intercept(spec: LockedMethodSpec, invoke: () => unknown, args: readonly unknown[]): Observable<unknown> {
-    return defer(() => {
-      const name = spec.resolveKey(args); // throws KeyResolutionError before Redis is touched
-      return this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish);
-    }).pipe(mergeMap((handle) => this.runLocked(spec, handle, invoke)));
+    return this.acquire(spec, args).pipe(mergeMap((handle) => this.runLocked(spec, handle, invoke)));
+  }
+
+  /**
+   * Emits the handle once the lock is taken. Unsubscribing before that stops a wait in progress,
+   * and a lock that is granted after the subscriber left is released at once, never leaked.
+   */
+  private acquire(spec: LockedMethodSpec, args: readonly unknown[]): Observable<Handle> {
+    return new Observable<Handle>((subscriber) => {
+      let name: string;
+      try {
+        name = spec.resolveKey(args); // throws KeyResolutionError before Redis is touched
+      } catch (error) {
+        subscriber.error(error);
+        return undefined;
+      }
+      const cancel = new AbortController();
+      this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, cancel.signal).then(
+        (handle) => {
+          if (subscriber.closed) {
+            void this.locks.finish(handle, true);
+            return;
+          }
+          subscriber.next(handle);
+          subscriber.complete();
+        },
+        (error: unknown) => subscriber.error(error),
+      );
+      return () => cancel.abort();
+    });
   }
 
   private runLocked(spec: LockedMethodSpec, handle: Handle, invoke: () => unknown): Observable<unknown> {

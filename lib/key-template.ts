@@ -103,18 +103,28 @@ function walk(template: string, part: Exclude<Part, string>, args: readonly unkn
   }
   let value: unknown = args[part.index];
   for (const segment of part.path) {
-    // Only own properties: a template never reads through the prototype chain (getters, Object.prototype).
-    if (
-      value === null ||
-      (typeof value !== 'object' && typeof value !== 'string') ||
-      !Object.hasOwn(Object(value) as object, segment)
-    ) {
+    let own: boolean;
+    try {
+      // Only own properties: a template never reads through the prototype chain (getters, Object.prototype).
+      own =
+        value !== null &&
+        (typeof value === 'object' || typeof value === 'string') &&
+        Object.hasOwn(Object(value) as object, segment);
+      if (own) value = (value as Record<string, unknown>)[segment];
+    } catch (error) {
+      // An own getter or a Proxy trap that throws.
+      throw new KeyResolutionError(
+        template,
+        `Lock key "${template}": reading {${part.source}} threw: ${error instanceof Error ? error.message : String(error)}`,
+        { cause: error },
+      );
+    }
+    if (!own) {
       throw new KeyResolutionError(
         template,
         `Lock key "${template}": {${part.source}} cannot be resolved, "${segment}" is not an own property`,
       );
     }
-    value = (value as Record<string, unknown>)[segment];
   }
   return value;
 }

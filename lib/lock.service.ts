@@ -1,6 +1,11 @@
 import { randomBytes } from 'node:crypto';
 import { type BeforeApplicationShutdown, Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
-import type { LockOptions, ResolvedLockOptions, ResolvedModuleOptions } from './dislock.options';
+import {
+  type LockOptions,
+  MAX_LOCK_NAME_LENGTH,
+  type ResolvedLockOptions,
+  type ResolvedModuleOptions,
+} from './dislock.options';
 import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from './dislock.internal-constants';
 import {
   DisLockError,
@@ -9,7 +14,6 @@ import {
   LockNotAcquiredError,
   RedisUnavailableError,
 } from './errors';
-import { checkLockName } from './key-template';
 import { Handle, HeldLock, type LockHandle } from './lock-handle';
 import { LockScope } from './lock-scope';
 import type { LockStore } from './store/lock-store.interface';
@@ -93,9 +97,9 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   // ---- used by the interceptor -------------------------------------------------------------
 
   /** @internal Acquire for a decorated method; rejects with `LockNotAcquiredError` when busy. */
-  async acquireFor(name: string, options: LockOptions, keepOnShutdown: boolean): Promise<Handle> {
+  async acquireFor(name: string, options: LockOptions, keepOnShutdown: boolean, cancel: AbortSignal): Promise<Handle> {
     const resolved = resolveLockOptions(this.options, options);
-    const handle = await this.acquire(name, resolved, keepOnShutdown);
+    const handle = await this.acquire(name, resolved, keepOnShutdown, cancel);
     if (!handle) throw new LockNotAcquiredError(name, resolved.waitTime);
     return handle;
   }
@@ -184,11 +188,14 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   // ---- internals ---------------------------------------------------------------------------
 
   private checkName(name: unknown): string {
-    try {
-      return checkLockName(name, typeof name === 'string' ? name : String(name));
-    } catch (error) {
-      throw new InvalidLockOptionsError('name', `LockService: ${describeError(error)}`);
+    if (typeof name !== 'string' || name.length === 0 || name.length > MAX_LOCK_NAME_LENGTH) {
+      const got = typeof name === 'string' ? `a string of ${name.length} characters` : typeof name;
+      throw new InvalidLockOptionsError(
+        'name',
+        `LockService: the lock name must be a non-empty string of at most ${MAX_LOCK_NAME_LENGTH} characters, got ${got}`,
+      );
     }
+    return name;
   }
 
   private resolve(where: string, options: LockOptions | undefined): ResolvedLockOptions {
@@ -202,7 +209,13 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     lock.state = state;
   }
 
-  private async acquire(name: string, options: ResolvedLockOptions, keepOnShutdown: boolean): Promise<Handle | null> {
+  /** Resolves `null` when the lock is still busy after `waitTime` or `cancel` aborted the wait. */
+  private async acquire(
+    name: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    cancel?: AbortSignal,
+  ): Promise<Handle | null> {
     if (this.shuttingDown.signal.aborted) {
       throw new DisLockError(`Cannot acquire lock "${name}": the application is shutting down`);
     }
@@ -224,6 +237,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       if (result.acquired) {
         if (outer && owner === outer.owner && outer.state === 'held') {
           outer.holds += 1; // reentry: the outermost acquisition's watchdog keeps renewing
+          this.watchdog.extendLease(outer, sentAt + lease); // Redis never shortens it either
           return new Handle(outer, true, this);
         }
         const lock = new HeldLock(name, key, owner, options, sentAt, keepOnShutdown);
@@ -238,8 +252,9 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
         continue;
       }
       const remaining = deadline - now();
-      if (remaining <= 0 || this.shuttingDown.signal.aborted) return null;
-      await this.store.waitForRelease(key, result.ttl, remaining, attempt, this.shuttingDown.signal);
+      const stop = cancel ? AbortSignal.any([cancel, this.shuttingDown.signal]) : this.shuttingDown.signal;
+      if (remaining <= 0 || stop.aborted) return null;
+      await this.store.waitForRelease(key, result.ttl, remaining, attempt, stop);
     }
   }
 }
