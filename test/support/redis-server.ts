@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
@@ -29,22 +29,24 @@ async function waitUntil(check: () => Promise<boolean>, timeoutMs: number, what:
   throw new Error(`Timed out after ${timeoutMs} ms waiting for ${what}`);
 }
 
-async function ping(port: number, password?: string): Promise<boolean> {
-  const client = new Redis({
-    port,
-    host: '127.0.0.1',
-    password,
-    lazyConnect: true,
-    retryStrategy: () => null,
-    maxRetriesPerRequest: 0,
+/** PING over a raw socket (no client library, so nothing lingers after it): true on +PONG. */
+function ping(port: number, password?: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connect({ port, host: '127.0.0.1' });
+    let reply = '';
+    const done = (ok: boolean): void => {
+      socket.destroy();
+      resolve(ok);
+    };
+    socket.setTimeout(1_000, () => done(false));
+    socket.on('error', () => done(false));
+    socket.on('connect', () => socket.write(`${password ? `AUTH ${password}\r\n` : ''}PING\r\n`));
+    socket.on('data', (chunk) => {
+      reply += chunk.toString();
+      if (reply.includes('+PONG')) done(true);
+      else if (reply.includes('-')) done(false);
+    });
   });
-  client.on('error', () => undefined);
-  try {
-    await client.connect();
-    return (await client.ping()) === 'PONG';
-  } finally {
-    client.disconnect();
-  }
 }
 
 /**
