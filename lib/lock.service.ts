@@ -224,6 +224,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     let owner = outer?.owner ?? newOwnerId();
     const lease = options.expire > 0 ? options.expire : options.lockWatchdogTimeout;
     const deadline = now() + options.waitTime;
+    let stop: AbortSignal | undefined; // ends a wait: shutdown, or the caller gave up (cancel)
     for (let attempt = 0; ; attempt += 1) {
       const sentAt = now();
       let result;
@@ -240,6 +241,11 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
           this.watchdog.extendLease(outer, sentAt + lease); // Redis never shortens it either
           return new Handle(outer, true, this);
         }
+        if (this.shuttingDown.signal.aborted) {
+          // Shutdown began while this request was on its way: nobody would release this lock.
+          await this.store.release(key, owner).catch(() => undefined);
+          return null;
+        }
         const lock = new HeldLock(name, key, owner, options, sentAt, keepOnShutdown);
         this.held.add(lock);
         this.watchdog.start(lock);
@@ -252,9 +258,10 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
         continue;
       }
       const remaining = deadline - now();
-      const stop = cancel ? AbortSignal.any([cancel, this.shuttingDown.signal]) : this.shuttingDown.signal;
+      stop ??= cancel ? AbortSignal.any([cancel, this.shuttingDown.signal]) : this.shuttingDown.signal;
       if (remaining <= 0 || stop.aborted) return null;
       await this.store.waitForRelease(key, result.ttl, remaining, attempt, stop);
+      if (stop.aborted) return null;
     }
   }
 }

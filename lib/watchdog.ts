@@ -5,6 +5,8 @@ import type { LockStore } from './store/lock-store.interface';
 
 const now = (): number => performance.now();
 
+const describe = (error: unknown): string => (error instanceof Error ? error.message : String(error));
+
 /**
  * Keeps held locks alive and notices when they are not any more.
  *
@@ -59,6 +61,11 @@ export class Watchdog {
     this.onLost(lock);
   }
 
+  private leaseRanOut(lock: HeldLock): void {
+    const why = lock.lastError === undefined ? 'no answer' : describe(lock.lastError);
+    this.lose(lock, 'lease-expired', `its lease ran out before Redis confirmed a renewal (${why})`, lock.lastError);
+  }
+
   private interval(lock: HeldLock): number {
     return Math.max(1, Math.floor(lock.options.lockWatchdogTimeout / 3));
   }
@@ -101,14 +108,12 @@ export class Watchdog {
     if (lock.state !== 'held') return;
     const sentAt = now();
     if (sentAt >= lock.leaseEndsAt) {
-      this.lose(
-        lock,
-        'lease-expired',
-        `Redis could not be reached to renew it before the lease ran out (${String((lock.lastError as Error)?.message ?? lock.lastError)})`,
-        lock.lastError,
-      );
+      this.leaseRanOut(lock);
       return;
     }
+    // The lease keeps running while the renewal is on its way: if it ends first, the lock is lost
+    // then, not whenever Redis finally answers (up to operationTimeout later).
+    this.schedule(lock, lock.leaseEndsAt - sentAt, () => this.leaseRanOut(lock));
     let renewed: boolean;
     try {
       renewed = await this.store.renew(lock.key, lock.owner, lock.leaseMs);

@@ -25,7 +25,14 @@ function isClient(connection: RedisConnection): connection is RedisClient {
  */
 export function connectRedis(connection: RedisConnection, logger: Logger): OwnedClient {
   if (isClient(connection)) return { client: connection, owned: false };
-  const client = typeof connection === 'string' ? new Redis(connection) : new Redis(connection satisfies RedisOptions);
+  // ioredis uses disconnectTimeout only in disconnect(), which only closeRedis calls: once the
+  // socket is ended (or already dead), drop it at once instead of keeping the process alive for the
+  // default 2 s. Options given by the application win.
+  const defaults: RedisOptions = { disconnectTimeout: 0 };
+  const client =
+    typeof connection === 'string'
+      ? new Redis(connection, defaults)
+      : new Redis({ ...defaults, ...(connection satisfies RedisOptions) });
   let failing = false;
   client.on('error', (error: Error) => {
     if (failing) return;
@@ -39,9 +46,13 @@ export function connectRedis(connection: RedisConnection, logger: Logger): Owned
   return { client, owned: true };
 }
 
-/** Closes a created client: QUIT politely, and drop the socket if that does not answer in time. */
+/** Closes a created client: QUIT politely when connected, and drop the socket if that does not answer in time. */
 export async function closeRedis(client: RedisClient, timeoutMs: number): Promise<void> {
   if (client.status === 'end') return;
+  if (client.status !== 'ready') {
+    client.disconnect(); // not connected: a QUIT would only wait in the offline queue
+    return;
+  }
   let timer: NodeJS.Timeout | undefined;
   try {
     await Promise.race([
