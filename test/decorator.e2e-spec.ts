@@ -30,6 +30,7 @@ import {
 import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 import { eventually, sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
+import { abortReason, lostReason, gate } from './support/async';
 
 // ---- helpers ---------------------------------------------------------------------------------
 
@@ -44,37 +45,9 @@ afterAll(() => {
   redis.disconnect();
 });
 
-/** A promise held open until the test lets go, to keep a method inside its lock. */
-function gate(): { promise: Promise<void>; open: () => void } {
-  let open!: () => void;
-  const promise = new Promise<void>((resolve) => (open = resolve));
-  return { promise, open };
-}
-
 function must<T>(value: T | undefined | null, what = 'value'): T {
   if (value === undefined || value === null) throw new Error(`expected ${what}`);
   return value;
-}
-
-/** The signal's reason once it aborts, or `undefined` if it does not within `ms`. */
-async function abortReason(signal: AbortSignal, ms: number): Promise<unknown> {
-  if (signal.aborted) return signal.reason;
-  let timeout: NodeJS.Timeout | undefined;
-  let onAbort: (() => void) | undefined;
-  try {
-    return await new Promise<unknown>((resolve) => {
-      onAbort = () => resolve(signal.reason);
-      signal.addEventListener('abort', onAbort, { once: true });
-      timeout = setTimeout(() => resolve(undefined), ms);
-    });
-  } finally {
-    clearTimeout(timeout);
-    if (onAbort) signal.removeEventListener('abort', onAbort);
-  }
-}
-
-function lostReason(reason: unknown): string | undefined {
-  return reason instanceof LockLostError ? reason.reason : undefined;
 }
 
 /** The rejection reason of `promise` (fails the test if it resolves). */

@@ -3,38 +3,9 @@ import type { Redis } from 'ioredis';
 import { DisLockError, type LockHandle, LockLostError, LockNotAcquiredError, type LockService } from 'nestjs-dislock';
 import { createTestApp, type TestApp } from './support/app';
 import { eventually, sharedClient, sleep } from './support/shared-redis';
+import { abortReason, lostReason, gate } from './support/async';
 
 const OWNER = /^[0-9a-f]{32}$/;
-
-/** Resolves with the signal's reason once it aborts (at once if it already has). */
-function aborted(signal: AbortSignal): Promise<unknown> {
-  if (signal.aborted) return Promise.resolve(signal.reason);
-  return new Promise((resolve) => signal.addEventListener('abort', () => resolve(signal.reason), { once: true }));
-}
-
-/** Resolves with the reason, or `undefined` if the signal does not abort within `ms`. */
-async function abortedWithin(signal: AbortSignal, ms: number): Promise<unknown> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<undefined>((resolve) => {
-    timer = setTimeout(() => resolve(undefined), ms);
-  });
-  try {
-    return await Promise.race([aborted(signal), timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-function lostReason(reason: unknown): string | undefined {
-  return reason instanceof LockLostError ? reason.reason : undefined;
-}
-
-/** A promise with its resolve function, to hold a callback inside its lock until the test lets go. */
-function gate(): { promise: Promise<void>; open: () => void } {
-  let open!: () => void;
-  const promise = new Promise<void>((resolve) => (open = resolve));
-  return { promise, open };
-}
 
 async function scanKeys(client: Redis, pattern: string): Promise<string[]> {
   const keys: string[] = [];
@@ -209,7 +180,7 @@ describe('LockService on a real Redis', () => {
       const h = await locks.lock(name, { lockWatchdogTimeout: 300 });
       await redis.multi().del(key(name)).hset(key(name), 'intruder', '1').pexpire(key(name), 3_000).exec();
       const started = performance.now();
-      const reason = await abortedWithin(h.signal, 1_500);
+      const reason = await abortReason(h.signal, 1_500);
       expect(performance.now() - started).toBeLessThan(700); // renewal interval 100 ms, plus a generous margin
       expect(reason).toBeInstanceOf(LockLostError);
       expect(lostReason(reason)).toBe('not-owner');
@@ -228,7 +199,7 @@ describe('LockService on a real Redis', () => {
       const name = fresh();
       const h = await locks.lock(name, { lockWatchdogTimeout: 300 });
       await redis.del(key(name));
-      const reason = await abortedWithin(h.signal, 1_500);
+      const reason = await abortReason(h.signal, 1_500);
       expect(lostReason(reason)).toBe('not-owner');
       // Poll for ~4 renewal intervals: the key must stay gone.
       const reappeared = await eventually(async () => (await redis.exists(key(name))) === 1, 400, 20);
@@ -444,7 +415,7 @@ describe('LockService on a real Redis', () => {
       warn.mockClear();
       const started = performance.now();
       const h = await locks.lock(name, { lockWatchdogTimeout: 300, maxRenewTimes: 2 });
-      const reason = await abortedWithin(h.signal, 2_500);
+      const reason = await abortReason(h.signal, 2_500);
       const elapsed = performance.now() - started;
       expect(lostReason(reason)).toBe('max-renewals');
       expect((reason as LockLostError).lockName).toBe(name);

@@ -19,7 +19,6 @@ import {
   type DisLockModuleOptions,
   InvalidLockOptionsError,
   type LockHandle,
-  LockLostError,
   LockNotAcquiredError,
   LockService,
 } from 'nestjs-dislock';
@@ -27,25 +26,7 @@ import request from 'supertest';
 import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 import { eventually, sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
-
-function gate(): { promise: Promise<void>; open: () => void } {
-  let open!: () => void;
-  const promise = new Promise<void>((resolve) => (open = resolve));
-  return { promise, open };
-}
-
-function lostReason(signal: AbortSignal): string | undefined {
-  const reason: unknown = signal.reason;
-  return reason instanceof LockLostError ? reason.reason : undefined;
-}
-
-async function settle<T>(promise: Promise<T>): Promise<{ ok: true; value: T } | { ok: false; error: unknown }> {
-  try {
-    return { ok: true, value: await promise };
-  } catch (error) {
-    return { ok: false, error };
-  }
-}
+import { lostReason, gate, settle } from './support/async';
 
 function sharedPort(): number {
   return Number(new URL(sharedRedisUrl()).port);
@@ -229,7 +210,7 @@ describe('DisLockModule', () => {
         // Held locks were still released through the user's client, and it stays open and usable.
         expect(await redis.exists(`${t.prefix}instance`)).toBe(0);
         expect(await redis.exists(`${t.prefix}held-at-close`)).toBe(0);
-        expect(lostReason(held.signal)).toBe('shutdown');
+        expect(lostReason(held.signal.reason)).toBe('shutdown');
         expect(client.status).toBe('ready');
         expect(await client.ping()).toBe('PONG');
         await client.set(`${t.prefix}still-usable`, '1', 'PX', 1_000);
@@ -426,7 +407,7 @@ describe('DisLockModule', () => {
       const h = await t.locks.lock('cap');
       const aborted = await eventually(() => h.signal.aborted, 2_500);
       expect(aborted).toBe(true);
-      expect(lostReason(h.signal)).toBe('max-renewals');
+      expect(lostReason(h.signal.reason)).toBe('max-renewals');
       expect(performance.now() - started).toBeGreaterThanOrEqual(800); // 2 renewals (~200 ms apart) + 600 ms
     });
   });
@@ -457,13 +438,13 @@ describe('DisLockModule', () => {
         const keptPttl = await assertions.pttl(`${t.prefix}keep:b`);
         expect(keptPttl).toBeGreaterThan(0);
         expect(keptPttl).toBeLessThanOrEqual(1_500);
-        expect(lostReason(service.signal)).toBe('shutdown');
-        for (const handle of shutdownGate.seen) expect(lostReason(handle.signal)).toBe('shutdown');
+        expect(lostReason(service.signal.reason)).toBe('shutdown');
+        for (const handle of shutdownGate.seen) expect(lostReason(handle.signal.reason)).toBe('shutdown');
 
         // The methods still finish normally, and their late finish does not touch Redis.
         shutdownGate.release.open();
-        expect(await long).toEqual({ ok: true, value: 'long a' });
-        expect(await keep).toEqual({ ok: true, value: 'keep b' });
+        expect(await long).toMatchObject({ ok: true, value: 'long a' });
+        expect(await keep).toMatchObject({ ok: true, value: 'keep b' });
         expect(await service.release()).toBe(false);
         expect(await assertions.exists(`${t.prefix}keep:b`)).toBe(1);
 
@@ -490,7 +471,7 @@ describe('DisLockModule', () => {
         await t.close();
         await sleep(50);
         expect(timers.alive()).toEqual([]);
-        expect(lostReason(held.signal)).toBe('shutdown');
+        expect(lostReason(held.signal.reason)).toBe('shutdown');
       } finally {
         timers.stop();
       }
@@ -506,7 +487,7 @@ describe('DisLockModule', () => {
         const started = performance.now();
         await t.close();
         expect(performance.now() - started).toBeLessThan(2_000); // release and QUIT are bounded
-        expect(lostReason(h.signal)).toBe('shutdown');
+        expect(lostReason(h.signal.reason)).toBe('shutdown');
         await sleep(50);
         expect(timers.alive()).toEqual([]);
       } finally {

@@ -10,46 +10,7 @@ import {
 import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
-
-/** Resolves with the signal's reason, or `undefined` if it does not abort within `ms`. */
-async function abortedWithin(signal: AbortSignal, ms: number): Promise<unknown> {
-  if (signal.aborted) return signal.reason;
-  let timer: NodeJS.Timeout | undefined;
-  let listener: (() => void) | undefined;
-  try {
-    return await new Promise<unknown>((resolve) => {
-      listener = () => resolve(signal.reason);
-      signal.addEventListener('abort', listener, { once: true });
-      timer = setTimeout(() => resolve(undefined), ms);
-    });
-  } finally {
-    clearTimeout(timer);
-    if (listener) signal.removeEventListener('abort', listener);
-  }
-}
-
-function lostReason(reason: unknown): string | undefined {
-  return reason instanceof LockLostError ? reason.reason : undefined;
-}
-
-/** Settles `promise` and reports how, and after how many ms. */
-async function settle<T>(
-  promise: Promise<T>,
-): Promise<{ ok: true; value: T; ms: number } | { ok: false; error: unknown; ms: number }> {
-  const started = performance.now();
-  try {
-    const value = await promise;
-    return { ok: true, value, ms: performance.now() - started };
-  } catch (error) {
-    return { ok: false, error, ms: performance.now() - started };
-  }
-}
-
-function gate(): { promise: Promise<void>; open: () => void } {
-  let open!: () => void;
-  const promise = new Promise<void>((resolve) => (open = resolve));
-  return { promise, open };
-}
+import { abortReason, lostReason, gate, settle } from './support/async';
 
 @Injectable()
 class Jobs {
@@ -152,7 +113,7 @@ describe('Redis failures (private Redis per test)', () => {
       await sleep(250); // at least one renewal went through
       await redisServer.stop();
       const stoppedAt = performance.now();
-      const reason = await abortedWithin(h.signal, 3_000);
+      const reason = await abortReason(h.signal, 3_000);
       const elapsed = performance.now() - stoppedAt;
       expect(reason).toBeInstanceOf(LockLostError);
       expect(lostReason(reason)).toBe('lease-expired');
@@ -189,7 +150,7 @@ describe('Redis failures (private Redis per test)', () => {
       await sleep(250);
       await redisServer.stop();
       const stoppedAt = performance.now();
-      const reason = await abortedWithin(h.signal, 1_500);
+      const reason = await abortReason(h.signal, 1_500);
       const elapsed = performance.now() - stoppedAt;
       await redisServer.startProcess(); // so that shutdown does not wait on a dead server
       expect(lostReason(reason)).toBe('lease-expired');
@@ -203,7 +164,7 @@ describe('Redis failures (private Redis per test)', () => {
       const h = await t.locks.lock('p', { lockWatchdogTimeout: 600 });
       await sleep(250);
       redisServer.pause();
-      const reason = await abortedWithin(h.signal, 2_000);
+      const reason = await abortReason(h.signal, 2_000);
       expect(reason).toBeInstanceOf(LockLostError);
       expect(lostReason(reason)).toBe('lease-expired');
       redisServer.resume();
