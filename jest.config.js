@@ -1,6 +1,6 @@
 /** @type {import('jest').Config} */
 module.exports = {
-  testEnvironment: 'node',
+  testEnvironment: '<rootDir>/test/support/node-environment.js',
   roots: ['<rootDir>/lib', '<rootDir>/test', '<rootDir>/sample-app'],
   testMatch: ['**/*.spec.ts', '**/*.e2e-spec.ts'],
   transform: { '^.+\\.ts$': ['ts-jest', { tsconfig: 'tsconfig.spec.json' }] },

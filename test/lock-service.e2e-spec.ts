@@ -277,9 +277,10 @@ describe('LockService on a real Redis', () => {
           return i;
         }),
       );
+      const settled = Promise.allSettled(calls); // handle the loser's rejection as soon as it comes
       await sleep(50);
       inside.open();
-      const results = await Promise.allSettled(calls);
+      const results = await settled;
       expect(results.map((r) => r.status).sort()).toEqual(['fulfilled', 'rejected']);
       const rejected = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
       expect(rejected?.reason).toBeInstanceOf(LockNotAcquiredError);
