@@ -3,7 +3,8 @@ import { BaseExceptionFilter } from '@nestjs/core';
 import { LockNotAcquiredError } from './errors';
 
 /**
- * Optional, for HTTP applications: answers a busy lock with 409 Conflict (the same body Nest's
+ * Optional, for HTTP applications only (in a hybrid app, bind it to HTTP controllers with
+ * `@UseFilters` rather than globally): answers a busy lock with 409 Conflict (the same body Nest's
  * default filter sends, `{ statusCode: 409, message }`) without logging it as an error. Without it
  * the answer is the same, but Nest logs every `LockNotAcquiredError` with its stack trace.
  *

@@ -38,6 +38,7 @@ function copyIdentity(from: AnyMethod, to: AnyMethod): void {
  *
  * ```ts
  * @DisLock('order:{0}')                                  // key template over the arguments
+ * @DisLock((order: Order) => `order:${order.id}`)        // or a key function
  * @DisLock({ key: 'user:{0.id}', expire: 5_000 })       // fixed 5 s lease, never renewed
  * @DisLock({ key: (job: Job) => `job:${job.id}`, waitTime: 2_000 })
  * ```
@@ -46,7 +47,7 @@ function copyIdentity(from: AnyMethod, to: AnyMethod): void {
  * locked method returns a Promise (or, when declared to return an `Observable`, an Observable that
  * takes the lock at subscribe). Options are validated here, when the class is defined.
  */
-export function DisLock(optionsOrKey: DisLockOptions | string): MethodDecorator {
+export function DisLock(optionsOrKey: DisLockOptions | LockKey): MethodDecorator {
   return (target, propertyKey, descriptor) => {
     if (typeof target === 'function') {
       throw new InvalidLockOptionsError(
@@ -57,7 +58,7 @@ export function DisLock(optionsOrKey: DisLockOptions | string): MethodDecorator 
     const where = `@DisLock on ${(target as { constructor: { name: string } }).constructor.name}.${String(propertyKey)}`;
     const options = validateDecoratorOptions(
       where,
-      typeof optionsOrKey === 'string' ? { key: optionsOrKey } : optionsOrKey,
+      typeof optionsOrKey === 'string' || typeof optionsOrKey === 'function' ? { key: optionsOrKey } : optionsOrKey,
     );
     const original = descriptor.value as unknown;
     if (typeof original !== 'function') {

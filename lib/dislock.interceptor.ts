@@ -37,7 +37,9 @@ function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
 
 function toObservable(result: unknown): Observable<unknown> {
   if (isObservable(result)) return result;
-  if (isPromiseLike(result)) return from(result);
+  // Promise.resolve first: a bare thenable need not return anything from `then`, which rxjs's
+  // `from` would call `.then` on.
+  if (isPromiseLike(result)) return from(Promise.resolve(result));
   return of(result);
 }
 

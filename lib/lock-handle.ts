@@ -8,7 +8,11 @@ export interface LockHandle {
   readonly key: string;
   /** Random owner id (128 bits) of the outermost acquisition; reentrant acquisitions share it. */
   readonly owner: string;
-  /** Aborted, with a `LockLostError` as reason, when the lock is lost or its lease runs out. */
+  /**
+   * Aborted, with a `LockLostError` as reason, when the lock is lost while held: a renewal found
+   * another owner, the lease ran out (fixed `expire`, Redis unreachable, `maxRenewTimes` reached),
+   * or the application shut down. Quiet after `release()` and after `stopRenewal()`.
+   */
   readonly signal: AbortSignal;
   /** Drop this hold. Owner-safe. `true` when this call freed the lock (a reentrant hold gives `false`). */
   release(): Promise<boolean>;

@@ -7,6 +7,10 @@ interface ScopeLink {
   readonly parent: ScopeLink | undefined;
 }
 
+function isLive(handle: Handle): boolean {
+  return handle.lock.state === 'held' && !handle.isReleased;
+}
+
 /**
  * Which locks the running async call chain holds: the Node counterpart of Redisson's
  * `uuid:threadId`. Code running inside a locked method or `withLock` callback sees the locks of
@@ -16,16 +20,22 @@ interface ScopeLink {
 export class LockScope {
   private readonly storage = new AsyncLocalStorage<ScopeLink>();
 
-  /** Run `fn` with `handle` added to the current chain. */
+  /**
+   * Run `fn` with `handle` added to the current chain. Links of locks no longer held are dropped
+   * on the way, so work that reschedules itself from inside its lock (a poller, a retry loop) does
+   * not grow a chain of every lock it ever took.
+   */
   run<T>(handle: Handle, fn: () => T): T {
-    return this.storage.run({ handle, parent: this.storage.getStore() }, fn);
+    let parent = this.storage.getStore();
+    while (parent && !isLive(parent.handle)) parent = parent.parent;
+    return this.storage.run({ handle, parent }, fn);
   }
 
   /** The innermost handle of the chain for `key` (any key when omitted) whose lock is still held. */
   find(key?: string): Handle | undefined {
     for (let link = this.storage.getStore(); link; link = link.parent) {
       const { handle } = link;
-      if ((key === undefined || handle.key === key) && handle.lock.state === 'held' && !handle.isReleased) {
+      if ((key === undefined || handle.key === key) && isLive(handle)) {
         return handle;
       }
     }

@@ -40,7 +40,11 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   private readonly scope = new LockScope();
   /** Locks this service holds and will release at shutdown; an entry lives only while held. */
   private readonly held = new Set<HeldLock>();
-  private readonly shuttingDown = new AbortController();
+  private closing = false;
+  /** Acquisitions under way: shutdown lets them land while the client is still open. */
+  private readonly acquiring = new Set<Promise<unknown>>();
+  /** Waits in progress, one controller each: shutdown ends them. */
+  private readonly waits = new Set<AbortController>();
   private readonly watchdog: Watchdog;
 
   constructor(
@@ -160,7 +164,10 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
 
   /** Releases every held lock (those of `ifExpireWhenFinish: false` are left to expire). */
   async beforeApplicationShutdown(): Promise<void> {
-    this.shuttingDown.abort();
+    this.closing = true;
+    for (const wait of this.waits) wait.abort();
+    // Each is bounded by operationTimeout; one that lands now gives its lock back before the client closes.
+    await Promise.allSettled([...this.acquiring]);
     const locks = [...this.held];
     await Promise.all(
       locks.map(async (lock) => {
@@ -209,59 +216,103 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     lock.state = state;
   }
 
-  /** Resolves `null` when the lock is still busy after `waitTime` or `cancel` aborted the wait. */
-  private async acquire(
+  /**
+   * Resolves `null` when the lock is still busy after `waitTime` or `cancel` aborted the wait;
+   * rejects when Redis fails or the application is shutting down. Tracked while under way, so
+   * that shutdown can wait for it.
+   */
+  private acquire(
     name: string,
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
     cancel?: AbortSignal,
   ): Promise<Handle | null> {
-    if (this.shuttingDown.signal.aborted) {
-      throw new DisLockError(`Cannot acquire lock "${name}": the application is shutting down`);
-    }
+    const acquisition = this.acquireNow(name, options, keepOnShutdown, cancel);
+    this.acquiring.add(acquisition);
+    const forget = (): void => void this.acquiring.delete(acquisition);
+    acquisition.then(forget, forget);
+    return acquisition;
+  }
+
+  private async acquireNow(
+    name: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    cancel: AbortSignal | undefined,
+  ): Promise<Handle | null> {
+    this.assertOpen(name);
     const key = this.options.keyPrefix + name;
     const outer = this.scope.find(key)?.lock;
+    // Inside the outer holder's call chain: only re-enter its hold (the lease stays the outer's).
+    let reenter = outer !== undefined;
     let owner = outer?.owner ?? newOwnerId();
     const lease = options.expire > 0 ? options.expire : options.lockWatchdogTimeout;
     const deadline = now() + options.waitTime;
-    let stop: AbortSignal | undefined; // ends a wait: shutdown, or the caller gave up (cancel)
     for (let attempt = 0; ; attempt += 1) {
       const sentAt = now();
       let result;
       try {
-        result = await this.store.acquire(key, owner, lease);
+        result = await this.store.acquire(key, owner, lease, reenter);
       } catch (error) {
         throw new RedisUnavailableError('acquire', name, `Could not acquire lock "${name}": ${describeError(error)}`, {
           cause: error,
         });
       }
       if (result.acquired) {
-        if (outer && owner === outer.owner && outer.state === 'held') {
-          outer.holds += 1; // reentry: the outermost acquisition's watchdog keeps renewing
-          this.watchdog.extendLease(outer, sentAt + lease); // Redis never shortens it either
+        if (reenter && outer?.state === 'held') {
+          outer.holds += 1; // the outermost acquisition's watchdog keeps renewing for both
           return new Handle(outer, true, this);
         }
-        if (this.shuttingDown.signal.aborted) {
+        // A fresh lock; or a re-entry whose outer hold was released while it was on its way, which
+        // leaves this owner's hold in Redis: either way it needs a watchdog and a release of its own.
+        if (this.closing) {
           // Shutdown began while this request was on its way: nobody would release this lock.
           await this.store.release(key, owner).catch(() => undefined);
-          return null;
+          this.assertOpen(name);
         }
         const lock = new HeldLock(name, key, owner, options, sentAt, keepOnShutdown);
         this.held.add(lock);
         this.watchdog.start(lock);
         return new Handle(lock, false, this);
       }
-      if (outer && owner === outer.owner) {
-        // Our own lock belongs to someone else now: the outer holder lost it. Compete as a newcomer.
-        this.watchdog.lose(outer, 'not-owner', 'a reentrant acquisition found it held by another owner');
+      if (reenter) {
+        // The outer holder's hold is gone (expired, deleted or taken over) before its watchdog
+        // noticed. It has lost the lock; this acquisition competes as a newcomer.
+        if (outer)
+          this.watchdog.lose(outer, 'not-owner', 'a reentrant acquisition found it gone or held by another owner');
+        reenter = false;
         owner = newOwnerId();
         continue;
       }
       const remaining = deadline - now();
-      stop ??= cancel ? AbortSignal.any([cancel, this.shuttingDown.signal]) : this.shuttingDown.signal;
-      if (remaining <= 0 || stop.aborted) return null;
-      await this.store.waitForRelease(key, result.ttl, remaining, attempt, stop);
-      if (stop.aborted) return null;
+      if (remaining <= 0 || cancel?.aborted) return null;
+      await this.waitForRelease(key, result.ttl, remaining, attempt, cancel);
+      this.assertOpen(name);
+      if (cancel?.aborted) return null;
     }
+  }
+
+  /** One wait with its own controller (ended by `cancel` or by shutdown), so nothing accumulates. */
+  private async waitForRelease(
+    key: string,
+    ttl: number,
+    remaining: number,
+    attempt: number,
+    cancel: AbortSignal | undefined,
+  ): Promise<void> {
+    const wait = new AbortController();
+    const stop = (): void => wait.abort();
+    cancel?.addEventListener('abort', stop, { once: true });
+    this.waits.add(wait);
+    try {
+      await this.store.waitForRelease(key, ttl, remaining, attempt, wait.signal);
+    } finally {
+      this.waits.delete(wait);
+      cancel?.removeEventListener('abort', stop);
+    }
+  }
+
+  private assertOpen(name: string): void {
+    if (this.closing) throw new DisLockError(`Cannot acquire lock "${name}": the application is shutting down`);
   }
 }

@@ -121,6 +121,16 @@ export function validateLockOptions(where: string, raw: unknown): LockOptions {
   return raw === undefined ? {} : checkTiming(where, checkObject(where, raw, LOCK_FIELDS));
 }
 
+/** A client (duck-typed: another copy of ioredis qualifies), a plain options object, or a URL. */
+function isRedisConnection(value: unknown): value is DisLockModuleOptions['redis'] {
+  if (typeof value === 'string') return /^rediss?:\/\/./.test(value);
+  if (typeof value !== 'object' || value === null) return false;
+  const client = value as { evalsha?: unknown; eval?: unknown };
+  if (typeof client.evalsha === 'function' && typeof client.eval === 'function') return true;
+  const proto: unknown = Object.getPrototypeOf(value);
+  return proto === Object.prototype || proto === null;
+}
+
 /** Validates `DisLockModule.forRoot` options and applies the module defaults. */
 export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
   const where = 'DisLockModule';
@@ -128,13 +138,8 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
   const { isGlobal: _isGlobal, ...rest } = checkObject(where, raw, new Set([...MODULE_FIELDS, 'isGlobal']));
   const input = rest as Partial<DisLockModuleOptions>;
   const redis = input.redis;
-  if (
-    redis === undefined ||
-    redis === null ||
-    (typeof redis !== 'string' && typeof redis !== 'object') ||
-    (typeof redis === 'string' && !/^rediss?:\/\//.test(redis))
-  ) {
-    fail(where, 'redis', redis, 'an ioredis Redis or Cluster instance, RedisOptions, or a redis:// URL');
+  if (!isRedisConnection(redis)) {
+    fail(where, 'redis', redis, 'an ioredis Redis or Cluster instance, a RedisOptions object, or a redis:// URL');
   }
   if (input.keyPrefix !== undefined && typeof input.keyPrefix !== 'string') {
     fail(where, 'keyPrefix', input.keyPrefix, 'a string');

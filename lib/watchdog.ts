@@ -34,16 +34,6 @@ export class Watchdog {
     else this.scheduleLeaseEnd(lock, 'expired');
   }
 
-  /**
-   * A reentrant acquisition asked for a lease ending at `endsAt`; Redis kept the longer of the two,
-   * so does the watchdog (a fixed lease is then checked at its new end).
-   */
-  extendLease(lock: HeldLock, endsAt: number): void {
-    if (endsAt <= lock.leaseEndsAt) return;
-    lock.leaseEndsAt = endsAt;
-    if (!lock.renewing && lock.state === 'held') this.scheduleLeaseEnd(lock, 'expired');
-  }
-
   /** Stop watching: released, detached or shut down. Idempotent. */
   stop(lock: HeldLock): void {
     clearTimeout(lock.timer);

@@ -2,7 +2,10 @@
 export type AcquireResult =
   /** Taken (or re-entered): `count` is the owner's hold count after this call. */
   | { readonly acquired: true; readonly count: number }
-  /** Held by another owner: `ttl` is its remaining lease in ms (-1 when the key has none). */
+  /**
+   * Held by another owner, or (re-entering) this owner's hold is gone: `ttl` is the key's
+   * remaining lease in ms (-1 when the key has none, -2 when there is no key).
+   */
   | { readonly acquired: false; readonly ttl: number };
 
 /** Outcome of one release call. */
@@ -22,8 +25,11 @@ export type ReleaseResult =
  * for unit tests slot in beside it.
  */
 export interface LockStore {
-  /** Take the lock for `owner`, or re-enter it (count + 1, lease never shortened). */
-  acquire(key: string, owner: string, leaseMs: number): Promise<AcquireResult>;
+  /**
+   * Take the free lock for a new `owner` with a lease of `leaseMs`; or, with `reenter`, count up
+   * the hold that `owner` already has (the lease is left alone, and a missing hold is not created).
+   */
+  acquire(key: string, owner: string, leaseMs: number, reenter?: boolean): Promise<AcquireResult>;
   /** Reset the lease if `owner` still holds the lock. `false`: not the owner, nothing changed. */
   renew(key: string, owner: string, leaseMs: number): Promise<boolean>;
   /** Drop one hold of `owner` (`force`: all of them). Never touches a lock of another owner. */

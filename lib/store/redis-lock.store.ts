@@ -30,8 +30,8 @@ export class RedisLockStore implements LockStore {
     private readonly operationTimeout: number,
   ) {}
 
-  async acquire(key: string, owner: string, leaseMs: number): Promise<AcquireResult> {
-    const pending = ACQUIRE_SCRIPT.run(this.client, key, [owner, leaseMs]);
+  async acquire(key: string, owner: string, leaseMs: number, reenter = false): Promise<AcquireResult> {
+    const pending = ACQUIRE_SCRIPT.run(this.client, key, [owner, leaseMs, reenter ? '1' : '0']);
     let reply: unknown;
     try {
       reply = await this.bounded(pending);
