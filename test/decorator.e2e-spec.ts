@@ -108,6 +108,12 @@ class Keyed {
     return probe();
   }
 
+  @DisLock((tenant: string, job: { id: number }) => `short:${tenant}:${job.id}`)
+  async byFunctionShorthand<T>(_tenant: unknown, _job: unknown, probe: () => Promise<T>): Promise<T> {
+    this.invoked += 1;
+    return probe();
+  }
+
   @DisLock({
     key: (tenant: string) => {
       if (tenant === 'bad') throw keyFunctionError;
@@ -526,6 +532,17 @@ describe('@DisLock on plain providers', () => {
       expect(must(seen.handle).name).toBe('job:acme:3');
       expect(seen.hash).toEqual({ [must(seen.handle).owner]: '1' });
       expect(await exists(key('job:acme:3'))).toBe(0);
+    });
+
+    it('takes a key function as shorthand for { key }', async () => {
+      const seen = await t.get(Keyed).byFunctionShorthand(
+        'acme',
+        { id: 4 },
+        seeInside(t.locks, redis, () => key('short:acme:4')),
+      );
+      expect(must(seen.handle).name).toBe('short:acme:4');
+      expect(seen.hash).toEqual({ [must(seen.handle).owner]: '1' });
+      expect(await exists(key('short:acme:4'))).toBe(0);
     });
 
     it('rejects with KeyResolutionError without running the method', async () => {

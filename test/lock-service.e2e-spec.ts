@@ -4,6 +4,9 @@ import { DisLockError, type LockHandle, LockLostError, LockNotAcquiredError, typ
 import { createTestApp, type TestApp } from './support/app';
 import { eventually, sharedClient, sleep } from './support/shared-redis';
 import { abortReason, lostReason, gate } from './support/async';
+import { ACQUIRE_SCRIPT } from '../lib/scripts/acquire.script';
+import { RELEASE_SCRIPT } from '../lib/scripts/release.script';
+import { RENEW_SCRIPT } from '../lib/scripts/renew.script';
 
 const OWNER = /^[0-9a-f]{32}$/;
 
@@ -237,6 +240,24 @@ describe('LockService on a real Redis', () => {
   });
 
   describe('reentrancy through withLock', () => {
+    it('a reentrant acquisition leaves the lease to the outer one, whatever its own options', async () => {
+      const name = fresh();
+      await locks.withLock(
+        name,
+        async (outer) => {
+          const before = await redis.pttl(key(name));
+          const inner = await locks.lock(name, { expire: 60_000 });
+          const after = await redis.pttl(key(name));
+          expect(after).toBeGreaterThan(0);
+          expect(after).toBeLessThanOrEqual(before); // not stretched to 60 s
+          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '2' });
+          expect(await inner.release()).toBe(false);
+        },
+        { expire: 1_000 },
+      );
+      expect(await redis.exists(key(name))).toBe(0);
+    });
+
     it('nested withLock / lock / tryLock of the same name re-enter with the same owner and signal', async () => {
       const name = fresh();
       await locks.withLock(name, async (outer) => {
@@ -396,15 +417,15 @@ describe('LockService on a real Redis', () => {
         expect(reappeared).toBe(false);
         await sleep(50); // let the last MONITOR lines arrive
 
-        // acquire and renew pass the lease ('300') as last argument; release passes '0' (or '1' forced).
-        const isScript = (args: string[]): boolean => /^eval(sha)?$/i.test(args[0]);
-        const scripts = seen.filter(isScript);
-        const releaseAt = scripts.findIndex((args) => args[args.length - 1] === '0');
+        // Each script is recognised by its SHA (EVALSHA's first argument).
+        const scripts = seen.filter((args) => /^evalsha$/i.test(args[0])).map((args) => args[1]);
+        const releaseAt = scripts.indexOf(RELEASE_SCRIPT.sha);
         expect(releaseAt).toBeGreaterThan(0);
-        const before = scripts.slice(0, releaseAt).filter((args) => args[args.length - 1] === '300');
-        const after = scripts.slice(releaseAt + 1);
-        expect(before.length).toBeGreaterThanOrEqual(3); // acquire + at least 2 renewals: MONITOR works
-        expect(after).toEqual([]);
+        const before = scripts.slice(0, releaseAt);
+        expect(before[0]).toBe(ACQUIRE_SCRIPT.sha);
+        // acquire + at least 2 renewals: MONITOR works
+        expect(before.filter((sha) => sha === RENEW_SCRIPT.sha).length).toBeGreaterThanOrEqual(2);
+        expect(scripts.slice(releaseAt + 1)).toEqual([]);
       } finally {
         monitor.disconnect();
         base.disconnect();

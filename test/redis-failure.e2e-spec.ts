@@ -11,6 +11,11 @@ import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
 import { abortReason, lostReason, gate, settle } from './support/async';
+import { ACQUIRE_SCRIPT } from '../lib/scripts/acquire.script';
+
+/** A MONITOR line of the acquire script asking for a lease of `leaseMs`. */
+const isAcquire = (args: string[], leaseMs: string): boolean =>
+  args[1] === ACQUIRE_SCRIPT.sha && args.includes(leaseMs);
 
 @Injectable()
 class Jobs {
@@ -279,7 +284,7 @@ describe('Redis failures (private Redis per test)', () => {
       redisServer.resume();
 
       // The queued acquire reaches Redis now (MONITOR proves it), and is given back at once.
-      expect(await eventually(() => seen.some((args) => args[args.length - 1] === '10000'), 2_000)).toBe(true);
+      expect(await eventually(() => seen.some((args) => isAcquire(args, '10000')), 2_000)).toBe(true);
       expect(await eventually(async () => (await redis.exists(k)) === 0, 2_000)).toBe(true);
       await sleep(300);
       expect(await redis.exists(k)).toBe(0);
@@ -297,7 +302,7 @@ describe('Redis failures (private Redis per test)', () => {
       clients.push(monitor);
       const lateAcquires: string[][] = [];
       monitor.on('monitor', (_time: string, args: string[]) => {
-        if (args.includes(k) && args[args.length - 1] === '7000') lateAcquires.push(args);
+        if (args.includes(k) && isAcquire(args, '7000')) lateAcquires.push(args);
       });
       await t.locks.withLock(
         'reenter',
