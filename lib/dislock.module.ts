@@ -16,7 +16,7 @@ import { RedisLockStore } from './store/redis-lock.store';
 
 function createStore(options: ResolvedModuleOptions): LockStore {
   const { client, owned } = connectRedis(options.redis, new Logger('DisLock'));
-  return new RedisLockStore(client, owned, options.operationTimeout);
+  return new RedisLockStore(client, owned, options.operationTimeout, options.keyPrefix);
 }
 
 /**

@@ -1,4 +1,5 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
+import type { LockLostHandler } from './lock-lost.event';
 
 /** A key template over the method's arguments (`'order:{0}'`, `'user:{0.id}'`) or a function of them. */
 export type LockKey = string | ((...args: never[]) => string);
@@ -18,11 +19,20 @@ export interface LockTimingOptions {
   waitTime?: number;
 }
 
+/** What one acquisition can add to the timing: a hook of its own for a lost lock. */
+export interface PerLockOptions extends LockTimingOptions {
+  /**
+   * Called when this lock is lost while held (besides the module's `onLockLost`, if any). Setting
+   * either replaces the default warning.
+   */
+  onLockLost?: LockLostHandler;
+}
+
 /** Options of `LockService.tryLock`, `lock` and `withLock`. */
-export type LockOptions = LockTimingOptions;
+export type LockOptions = PerLockOptions;
 
 /** Options of `@DisLock`. */
-export interface DisLockOptions extends LockTimingOptions {
+export interface DisLockOptions extends PerLockOptions {
   /** Lock name: a template over the method's own arguments, or a function of them. Required. */
   key: LockKey;
   /**
@@ -54,6 +64,12 @@ export interface DisLockModuleOptions {
    * fails with `RedisUnavailableError` instead of waiting for a reconnect. Default 5 000.
    */
   operationTimeout?: number;
+  /**
+   * Called whenever a lock of this module is lost while held: a renewal or release found it gone
+   * or taken, its lease ran out (Redis unreachable, fixed `expire`, `maxRenewTimes`), or the
+   * application shut down. Default: a warning through Nest's `Logger`.
+   */
+  onLockLost?: LockLostHandler;
 }
 
 /** Module options after defaults are applied and values validated. */
@@ -64,6 +80,7 @@ export interface ResolvedModuleOptions {
   readonly maxRenewTimes: number;
   readonly waitTime: number;
   readonly operationTimeout: number;
+  readonly onLockLost: LockLostHandler | undefined;
 }
 
 /** Timing of one acquisition, every default applied. `expire === -1` means the watchdog renews. */
@@ -72,6 +89,8 @@ export interface ResolvedLockOptions {
   readonly lockWatchdogTimeout: number;
   readonly maxRenewTimes: number;
   readonly waitTime: number;
+  /** The acquisition's own hook (the module's is called as well). */
+  readonly onLockLost: LockLostHandler | undefined;
 }
 
 export const UNSET_EXPIRE = -1;
@@ -82,7 +101,7 @@ export const DEFAULT_MODULE_OPTIONS = {
   maxRenewTimes: 360,
   waitTime: 0,
   operationTimeout: 5_000,
-} as const satisfies Omit<ResolvedModuleOptions, 'redis'>;
+} as const satisfies Omit<ResolvedModuleOptions, 'redis' | 'onLockLost'>;
 
 /** Longest lock name (after template resolution, without the prefix), in characters. */
 export const MAX_LOCK_NAME_LENGTH = 512;

@@ -3,6 +3,7 @@ export { DisLock } from './dislock.decorator';
 export { LockService } from './lock.service';
 export { DisLockExceptionFilter } from './dislock-exception.filter';
 export type { LockHandle } from './lock-handle';
+export type { LockLostEvent, LockLostHandler } from './lock-lost.event';
 export { DISLOCK_METADATA } from './dislock.constants';
 export { DISLOCK_MODULE_OPTIONS } from './dislock.module-definition';
 export {
@@ -14,6 +15,7 @@ export {
   type LockKey,
   type LockOptions,
   type LockTimingOptions,
+  type PerLockOptions,
   type RedisConnection,
 } from './dislock.options';
 export type { AcquireResult, LockStore, ReleaseResult } from './store/lock-store.interface';

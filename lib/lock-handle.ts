@@ -9,12 +9,25 @@ export interface LockHandle {
   /** Random owner id (128 bits) of the outermost acquisition; reentrant acquisitions share it. */
   readonly owner: string;
   /**
+   * Fencing token of this acquisition: larger than every token issued for this lock name before
+   * it (across releases, expiries and owners). Reentrant acquisitions share the holder's token.
+   * Pass it along with every write to a resource that can refuse a token smaller than the
+   * largest it has seen: then a holder that lost the lock without noticing cannot overwrite the
+   * next holder's work. See "Failure semantics" in the README for what the ordering rests on.
+   */
+  readonly fencingToken: number;
+  /**
    * Aborted, with a `LockLostError` as reason, when the lock is lost while held: a renewal found
    * another owner, the lease ran out (fixed `expire`, Redis unreachable, `maxRenewTimes` reached),
-   * or the application shut down. Quiet after `release()` and after `stopRenewal()`.
+   * or the application shut down; also when `release()` finds the lock already gone or taken.
+   * Quiet after a successful `release()` and after `stopRenewal()`.
    */
   readonly signal: AbortSignal;
-  /** Drop this hold. Owner-safe. `true` when this call freed the lock (a reentrant hold gives `false`). */
+  /**
+   * Drop this hold. Owner-safe: never touches a key another owner holds. `true` when this call
+   * freed the lock; `false` for a reentrant hold, a second call, or a lock that was already lost
+   * (a loss first noticed here is reported like any other: `signal`, `onLockLost`).
+   */
   release(): Promise<boolean>;
   /** Stop the watchdog and keep the key until it expires. Has no effect on a reentrant hold. */
   stopRenewal(): void;
@@ -64,6 +77,7 @@ export class HeldLock {
     readonly name: string,
     readonly key: string,
     readonly owner: string,
+    readonly fencingToken: number,
     readonly options: ResolvedLockOptions,
     acquiredAt: number,
     /** Leave the key to expire at shutdown instead of deleting it (`ifExpireWhenFinish: false`). */
@@ -104,6 +118,10 @@ export class Handle implements LockHandle {
 
   get owner(): string {
     return this.lock.owner;
+  }
+
+  get fencingToken(): number {
+    return this.lock.fencingToken;
   }
 
   get signal(): AbortSignal {

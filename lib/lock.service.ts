@@ -11,10 +11,13 @@ import {
   DisLockError,
   InvalidLockOptionsError,
   LockLostError,
+  type LockLostReason,
   LockNotAcquiredError,
   RedisUnavailableError,
 } from './errors';
 import { Handle, HeldLock, type LockHandle } from './lock-handle';
+import type { LockLostEvent, LockLostHandler } from './lock-lost.event';
+import { FENCE_MARKER } from './store/fence-key';
 import { LockScope } from './lock-scope';
 import type { LockStore } from './store/lock-store.interface';
 import { resolveLockOptions, validateLockOptions } from './options.validation';
@@ -28,6 +31,10 @@ function newOwnerId(): string {
 
 function describeError(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
+}
+
+function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
+  return typeof (value as PromiseLike<unknown> | undefined)?.then === 'function';
 }
 
 /**
@@ -51,7 +58,9 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     @Inject(DISLOCK_RESOLVED_OPTIONS) private readonly options: ResolvedModuleOptions,
     @Inject(DISLOCK_STORE) private readonly store: LockStore,
   ) {
-    this.watchdog = new Watchdog(store, this.logger, (lock) => this.held.delete(lock));
+    this.watchdog = new Watchdog(store, this.logger, (lock, reason, detail, cause) =>
+      this.markLost(lock, reason, detail, cause),
+    );
   }
 
   /**
@@ -137,9 +146,13 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   async releaseHold(lock: HeldLock): Promise<boolean> {
     lock.holds -= 1;
     if (lock.state === 'shut-down') return false; // shutdown already released (or kept) every hold
-    if (lock.holds === 0) this.settle(lock, lock.state === 'held' ? 'released' : lock.state);
+    const wasHeld = lock.state === 'held';
+    const wasLost = lock.state === 'lost';
+    if (lock.holds === 0) this.settle(lock, wasHeld ? 'released' : lock.state);
+    let result;
     try {
-      return (await this.store.release(lock.key, lock.owner)) === 'released';
+      // Owner-checked: even for a lock known to be lost this only ever drops this owner's own hold.
+      result = await this.store.release(lock.key, lock.owner);
     } catch (error) {
       throw new RedisUnavailableError(
         'release',
@@ -148,6 +161,11 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
         { cause: error },
       );
     }
+    if (result === 'not-owner' && wasHeld) {
+      // Expired or taken over before the watchdog noticed: the work it protected was not protected.
+      this.markLost(lock, 'not-owner', 'its release found it gone or held by another owner');
+    }
+    return result === 'released' && !wasLost;
   }
 
   /** @internal */
@@ -172,7 +190,8 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     await Promise.all(
       locks.map(async (lock) => {
         this.settle(lock, 'shut-down');
-        lock.controller.abort(
+        this.announce(
+          lock,
           new LockLostError(lock.name, 'shutdown', `Lock "${lock.name}" given up: the application is shutting down`),
         );
         if (lock.keepOnShutdown) return;
@@ -209,6 +228,49 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     return resolveLockOptions(this.options, validateLockOptions(where, options));
   }
 
+  /**
+   * A held lock is no longer safe to rely on. Called by the watchdog (renewal answered "not owner",
+   * lease ran out) and by a release that found the lock gone; a lock already lost, given up at
+   * shutdown or detached is left alone, so each loss is reported once.
+   */
+  private markLost(lock: HeldLock, reason: LockLostReason, detail: string, cause?: unknown): void {
+    if (lock.state === 'lost' || lock.state === 'shut-down' || lock.state === 'detached') return;
+    this.settle(lock, 'lost');
+    const message = `Lock "${lock.name}" lost: ${detail}`;
+    this.announce(lock, new LockLostError(lock.name, reason, message, cause === undefined ? undefined : { cause }));
+  }
+
+  /** Abort the lock's signal and call the `onLockLost` hooks, or log when there are none. Never throws. */
+  private announce(lock: HeldLock, error: LockLostError): void {
+    lock.controller.abort(error);
+    const hooks = [lock.options.onLockLost, this.options.onLockLost].filter(
+      (hook): hook is LockLostHandler => hook !== undefined,
+    );
+    if (hooks.length === 0) {
+      if (error.reason === 'shutdown') this.logger.log(error.message);
+      else this.logger.warn(error.message);
+      return;
+    }
+    const event: LockLostEvent = {
+      name: lock.name,
+      key: lock.key,
+      owner: lock.owner,
+      fencingToken: lock.fencingToken,
+      reason: error.reason,
+      error,
+    };
+    const failed = (hookError: unknown): void =>
+      this.logger.error(`onLockLost for lock "${lock.name}" failed: ${describeError(hookError)}`);
+    for (const hook of hooks) {
+      try {
+        const result = hook(event);
+        if (isPromiseLike(result)) result.then(undefined, failed);
+      } catch (hookError) {
+        failed(hookError);
+      }
+    }
+  }
+
   /** Leave the `held` state: stop the watchdog and forget the lock. */
   private settle(lock: HeldLock, state: HeldLock['state']): void {
     this.watchdog.stop(lock);
@@ -241,6 +303,12 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     cancel: AbortSignal | undefined,
   ): Promise<Handle | null> {
     this.assertOpen(name);
+    if (name.startsWith(FENCE_MARKER)) {
+      throw new InvalidLockOptionsError(
+        'name',
+        `Lock names starting with "${FENCE_MARKER}" are reserved for fencing counters, got "${name}"`,
+      );
+    }
     const key = this.options.keyPrefix + name;
     const outer = this.scope.find(key)?.lock;
     // Inside the outer holder's call chain: only re-enter its hold (the lease stays the outer's).
@@ -270,7 +338,9 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
           await this.store.release(key, owner).catch(() => undefined);
           this.assertOpen(name);
         }
-        const lock = new HeldLock(name, key, owner, options, sentAt, keepOnShutdown);
+        // A re-entry that had to take its own hold (see above) carries on with the outer token.
+        const token = result.token ?? outer?.fencingToken ?? 0;
+        const lock = new HeldLock(name, key, owner, token, options, sentAt, keepOnShutdown);
         this.held.add(lock);
         this.watchdog.start(lock);
         return new Handle(lock, false, this);

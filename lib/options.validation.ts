@@ -8,13 +8,14 @@ import {
   type ResolvedModuleOptions,
   UNSET_EXPIRE,
 } from './dislock.options';
+import type { LockLostHandler } from './lock-lost.event';
 
 /** Node timers overflow past 2^31 - 1 ms and would fire at once; no duration may exceed it. */
 const MAX_DURATION_MS = 2 ** 31 - 1;
 
 const TIMING_FIELDS = ['expire', 'lockWatchdogTimeout', 'maxRenewTimes', 'waitTime'] as const;
-const DECORATOR_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'key', 'ifExpireWhenFinish']);
-const LOCK_FIELDS: ReadonlySet<string> = new Set(TIMING_FIELDS);
+const DECORATOR_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'onLockLost', 'key', 'ifExpireWhenFinish']);
+const LOCK_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'onLockLost']);
 const MODULE_FIELDS: ReadonlySet<string> = new Set([
   'redis',
   'keyPrefix',
@@ -22,6 +23,7 @@ const MODULE_FIELDS: ReadonlySet<string> = new Set([
   'maxRenewTimes',
   'waitTime',
   'operationTimeout',
+  'onLockLost',
 ]);
 
 function describe(value: unknown): string {
@@ -72,7 +74,7 @@ function wholeCount(where: string, option: string, value: unknown): number {
   return value;
 }
 
-/** Validates the timing fields that are present; absent ones stay absent. */
+/** Validates the timing fields (and the `onLockLost` hook) that are present; absent ones stay absent. */
 function checkTiming(where: string, raw: Record<string, unknown>): LockOptions {
   const out: { -readonly [K in keyof LockOptions]: LockOptions[K] } = {};
   if (raw.expire !== undefined) {
@@ -83,6 +85,10 @@ function checkTiming(where: string, raw: Record<string, unknown>): LockOptions {
   }
   if (raw.maxRenewTimes !== undefined) out.maxRenewTimes = wholeCount(where, 'maxRenewTimes', raw.maxRenewTimes);
   if (raw.waitTime !== undefined) out.waitTime = nonNegativeMs(where, 'waitTime', raw.waitTime);
+  if (raw.onLockLost !== undefined) {
+    if (typeof raw.onLockLost !== 'function') fail(where, 'onLockLost', raw.onLockLost, 'a function (event) => void');
+    out.onLockLost = raw.onLockLost as LockLostHandler;
+  }
   if (out.expire !== undefined && out.expire > 0) {
     for (const field of ['lockWatchdogTimeout', 'maxRenewTimes'] as const) {
       if (out[field] !== undefined) {
@@ -158,6 +164,7 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
       input.operationTimeout === undefined
         ? DEFAULT_MODULE_OPTIONS.operationTimeout
         : positiveMs(where, 'operationTimeout', input.operationTimeout),
+    onLockLost: timing.onLockLost,
   };
 }
 
@@ -168,5 +175,6 @@ export function resolveLockOptions(defaults: ResolvedModuleOptions, options: Loc
     lockWatchdogTimeout: options.lockWatchdogTimeout ?? defaults.lockWatchdogTimeout,
     maxRenewTimes: options.maxRenewTimes ?? defaults.maxRenewTimes,
     waitTime: options.waitTime ?? defaults.waitTime,
+    onLockLost: options.onLockLost,
   };
 }

@@ -1,5 +1,5 @@
 import type { Logger } from '@nestjs/common';
-import { LockLostError, type LockLostReason } from './errors';
+import type { LockLostReason } from './errors';
 import type { HeldLock } from './lock-handle';
 import type { LockStore } from './store/lock-store.interface';
 
@@ -18,14 +18,14 @@ const describe = (error: unknown): string => (error instanceof Error ? error.mes
  * - Fixed leases (`expire`) are not renewed; the lock counts as lost if it is still held when the
  *   lease ends.
  *
- * Losing a lock aborts its signal with a `LockLostError` and logs a warning. Timers are unref'd
- * and their callbacks never throw.
+ * A lost lock is handed to `onLost` (which aborts its signal and tells the hooks). Timers are
+ * unref'd and their callbacks never throw.
  */
 export class Watchdog {
   constructor(
     private readonly store: LockStore,
     private readonly logger: Logger,
-    private readonly onLost: (lock: HeldLock) => void,
+    private readonly onLost: (lock: HeldLock, reason: LockLostReason, detail: string, cause?: unknown) => void,
   ) {}
 
   /** Start watching a freshly acquired lock. */
@@ -40,15 +40,11 @@ export class Watchdog {
     lock.timer = undefined;
   }
 
-  /** Mark a lock lost, abort its signal and stop watching it. Does nothing if it is not held. */
+  /** Stop watching a lock and report it lost. Does nothing if it is not held. */
   lose(lock: HeldLock, reason: LockLostReason, detail: string, cause?: unknown): void {
     if (lock.state !== 'held') return;
-    lock.state = 'lost';
     this.stop(lock);
-    const message = `Lock "${lock.name}" lost: ${detail}`;
-    lock.controller.abort(new LockLostError(lock.name, reason, message, cause === undefined ? undefined : { cause }));
-    this.logger.warn(message);
-    this.onLost(lock);
+    this.onLost(lock, reason, detail, cause);
   }
 
   private leaseRanOut(lock: HeldLock): void {

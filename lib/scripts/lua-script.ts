@@ -7,7 +7,7 @@ export type ScriptClient = Pick<Redis | Cluster, 'evalsha' | 'eval'>;
 /**
  * A Lua script run by EVALSHA, falling back to EVAL (which also loads it) when the server
  * answers NOSCRIPT: after a restart, a SCRIPT FLUSH, or on a node that has not seen it yet.
- * Every script here takes exactly one key, so Cluster routes it by that key's slot.
+ * Every script here names all its keys, and they share one hash slot, so Cluster routes it.
  */
 export class LuaScript {
   readonly sha: string;
@@ -19,12 +19,12 @@ export class LuaScript {
     this.sha = createHash('sha1').update(source).digest('hex');
   }
 
-  async run(client: ScriptClient, key: string, args: readonly (string | number)[]): Promise<unknown> {
+  async run(client: ScriptClient, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
     try {
-      return await client.evalsha(this.sha, 1, key, ...args);
+      return await client.evalsha(this.sha, keys.length, ...keys, ...args);
     } catch (error) {
       if (!(error instanceof Error) || !error.message.startsWith('NOSCRIPT')) throw error;
-      return client.eval(this.source, 1, key, ...args);
+      return client.eval(this.source, keys.length, ...keys, ...args);
     }
   }
 }

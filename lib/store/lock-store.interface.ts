@@ -1,7 +1,10 @@
 /** Outcome of one acquire attempt. */
 export type AcquireResult =
-  /** Taken (or re-entered): `count` is the owner's hold count after this call. */
-  | { readonly acquired: true; readonly count: number }
+  /**
+   * Taken (or re-entered): `count` is the owner's hold count after this call. `token` is the
+   * fencing token issued to a fresh acquisition (absent on re-entry: the holder keeps its own).
+   */
+  | { readonly acquired: true; readonly count: number; readonly token?: number }
   /**
    * Held by another owner, or (re-entering) this owner's hold is gone: `ttl` is the key's
    * remaining lease in ms (-1 when the key has none, -2 when there is no key).
@@ -26,8 +29,9 @@ export type ReleaseResult =
  */
 export interface LockStore {
   /**
-   * Take the free lock for a new `owner` with a lease of `leaseMs`; or, with `reenter`, count up
-   * the hold that `owner` already has (the lease is left alone, and a missing hold is not created).
+   * Take the free lock for a new `owner` with a lease of `leaseMs` and issue a fencing token that
+   * is larger than every token issued for `key` before; or, with `reenter`, count up the hold that
+   * `owner` already has (the lease is left alone, and a missing hold is not created).
    */
   acquire(key: string, owner: string, leaseMs: number, reenter?: boolean): Promise<AcquireResult>;
   /** Reset the lease if `owner` still holds the lock. `false`: not the owner, nothing changed. */

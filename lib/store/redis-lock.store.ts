@@ -2,6 +2,7 @@ import { ACQUIRE_SCRIPT } from '../scripts/acquire.script';
 import type { LuaScript } from '../scripts/lua-script';
 import { RELEASE_SCRIPT } from '../scripts/release.script';
 import { RENEW_SCRIPT } from '../scripts/renew.script';
+import { fenceKeyFor, slotTag } from './fence-key';
 import type { AcquireResult, LockStore, ReleaseResult } from './lock-store.interface';
 import { closeRedis, type RedisClient } from './redis-client';
 
@@ -28,10 +29,15 @@ export class RedisLockStore implements LockStore {
     private readonly client: RedisClient,
     private readonly owned: boolean,
     private readonly operationTimeout: number,
-  ) {}
+    /** The module's key prefix: fencing counters live beside the locks, as `${keyPrefix}#fence:{tag}`. */
+    private readonly keyPrefix: string,
+  ) {
+    slotTag(0); // build the slot table now rather than on the first acquisition
+  }
 
   async acquire(key: string, owner: string, leaseMs: number, reenter = false): Promise<AcquireResult> {
-    const pending = ACQUIRE_SCRIPT.run(this.client, key, [owner, leaseMs, reenter ? '1' : '0']);
+    const keys = [key, fenceKeyFor(this.keyPrefix, key)];
+    const pending = ACQUIRE_SCRIPT.run(this.client, keys, [owner, leaseMs, reenter ? '1' : '0']);
     let reply: unknown;
     try {
       reply = await this.bounded(pending);
@@ -49,8 +55,9 @@ export class RedisLockStore implements LockStore {
       }
       throw error;
     }
-    const [taken, value] = reply as [number, number];
-    return taken === 1 ? { acquired: true, count: value } : { acquired: false, ttl: value };
+    const [taken, value, token] = reply as [number, number, number | undefined];
+    if (taken !== 1) return { acquired: false, ttl: value };
+    return token === undefined ? { acquired: true, count: value } : { acquired: true, count: value, token };
   }
 
   async renew(key: string, owner: string, leaseMs: number): Promise<boolean> {
@@ -91,7 +98,7 @@ export class RedisLockStore implements LockStore {
   }
 
   private run(script: LuaScript, key: string, args: readonly (string | number)[]): Promise<unknown> {
-    return this.bounded(script.run(this.client, key, args));
+    return this.bounded(script.run(this.client, [key], args));
   }
 
   private bounded<T>(operation: Promise<T>): Promise<T> {

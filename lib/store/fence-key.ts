@@ -1,0 +1,73 @@
+/**
+ * Where fencing tokens are counted: one small counter key per Redis Cluster hash slot, named so
+ * that it lands in the same slot as the locks it counts for. A script that takes a lock can then
+ * touch both keys on any node, and the number of counter keys stays bounded (16,384 at most)
+ * however many distinct lock names come and go.
+ */
+
+/** Redis Cluster's number of hash slots. */
+export const HASH_SLOTS = 16_384;
+
+/** The marker in a counter key's name: `${keyPrefix}#fence:{tag}`. Lock names may not start with it. */
+export const FENCE_MARKER = '#fence:';
+
+const CRC16_TABLE = (() => {
+  const table = new Uint16Array(256);
+  for (let byte = 0; byte < 256; byte += 1) {
+    let crc = byte << 8;
+    for (let bit = 0; bit < 8; bit += 1) crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+    table[byte] = crc;
+  }
+  return table;
+})();
+
+/** CRC16-CCITT (XMODEM), the checksum Redis Cluster hashes keys with. */
+function crc16(bytes: Uint8Array, from: number, to: number): number {
+  let crc = 0;
+  for (let i = from; i < to; i += 1) crc = ((crc << 8) & 0xffff) ^ CRC16_TABLE[((crc >> 8) ^ bytes[i]) & 0xff];
+  return crc;
+}
+
+/** The hash slot of `key` as Redis Cluster computes it, `{hash tags}` included. */
+export function keySlot(key: string): number {
+  const bytes = Buffer.from(key, 'utf8');
+  const open = bytes.indexOf(0x7b); // '{'
+  if (open !== -1) {
+    const close = bytes.indexOf(0x7d, open + 1); // '}'
+    if (close > open + 1) return crc16(bytes, open + 1, close) % HASH_SLOTS;
+  }
+  return crc16(bytes, 0, bytes.length) % HASH_SLOTS;
+}
+
+/**
+ * For each slot, the smallest number whose base-36 spelling hashes to it; built on first use
+ * (about 170,000 checksums of 1 to 4 bytes, a few milliseconds) and never changed afterwards.
+ * A constant of the algorithm, not state: every application in the process computes the same.
+ */
+let tagNumbers: Uint32Array | undefined;
+
+function tagTable(): Uint32Array {
+  if (tagNumbers) return tagNumbers;
+  const table = new Uint32Array(HASH_SLOTS).fill(0xffffffff);
+  let missing = HASH_SLOTS;
+  for (let n = 0; missing > 0; n += 1) {
+    const tag = Buffer.from(n.toString(36), 'latin1');
+    const slot = crc16(tag, 0, tag.length) % HASH_SLOTS;
+    if (table[slot] === 0xffffffff) {
+      table[slot] = n;
+      missing -= 1;
+    }
+  }
+  tagNumbers = table;
+  return table;
+}
+
+/** A short hash tag whose slot is `slot`. */
+export function slotTag(slot: number): string {
+  return tagTable()[slot].toString(36);
+}
+
+/** The fencing counter key that shares `lockKey`'s hash slot. */
+export function fenceKeyFor(keyPrefix: string, lockKey: string): string {
+  return `${keyPrefix}${FENCE_MARKER}{${slotTag(keySlot(lockKey))}}`;
+}
