@@ -118,6 +118,7 @@ describe('sample app: two instances on one Redis', () => {
         durationMs: expect.any(Number),
         lockWatchdogTimeout: LEASE,
         pttlMs: expect.any(Array),
+        fencingToken: expect.any(Number),
       });
       expect(report.body.durationMs).toBeGreaterThanOrEqual(REPORT_MS - 5);
       expect(report.body.durationMs).toBeGreaterThan(3 * LEASE);
@@ -129,6 +130,38 @@ describe('sample app: two instances on one Redis', () => {
         expect(pttl).toBeLessThanOrEqual(LEASE);
       }
       expect(await redis.exists(key)).toBe(0);
+      // Every step was published to the archive under this run's fencing token.
+      const archived = await http(b).get('/reports/weekly');
+      expect(archived.body).toEqual({
+        instance: 'A',
+        fencingToken: report.body.fencingToken,
+        steps: TIMING.reportSteps,
+      });
+    });
+
+    it('refuses a stale holder at the fenced archive: a newer token has written, the old one stops', async () => {
+      const record = `${prefix}archive:report:fenced`;
+      const job = http(b).post('/reports/fenced').then();
+      expect(await eventually(async () => (await redis.hexists(record, 'token')) === 1)).toBe(true);
+      const staleToken = Number(await redis.hget(record, 'token'));
+      // A holder that came after B (B froze past its lease, say) wrote with its larger token.
+      await redis.hset(record, 'token', String(staleToken + 1), 'instance', 'newer', 'steps', '1');
+
+      const report = await job;
+      expect(report.body).toMatchObject({ generatedBy: 'B', completed: false, lostReason: 'fenced-out' });
+      expect(report.body.fencingToken).toBe(staleToken);
+      expect(report.body.steps).toBeLessThan(TIMING.reportSteps);
+      // B's late writes bounced: the newer holder's record is intact.
+      const archived = await http(a).get('/reports/fenced');
+      expect(archived.body).toEqual({ instance: 'newer', fencingToken: staleToken + 1, steps: 1 });
+      expect(await redis.exists(lockKey('report:fenced'))).toBe(0);
+
+      // The next run gets a larger token than either, and may write again.
+      const rerun = await http(a).post('/reports/fenced');
+      expect(rerun.body).toMatchObject({ generatedBy: 'A', completed: true });
+      expect(rerun.body.fencingToken).toBeGreaterThan(staleToken + 1);
+      expect((await http(a).get('/reports/fenced')).body).toMatchObject({ instance: 'A', steps: TIMING.reportSteps });
+      expect((await http(a).get('/reports/never-run')).status).toBe(404);
     });
 
     it('stops early when its lock is taken over, and leaves the new owner alone', async () => {

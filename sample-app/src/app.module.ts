@@ -6,6 +6,7 @@ import { InventoryService } from './inventory/inventory.service';
 import { OrdersController } from './orders/orders.controller';
 import { OrdersService } from './orders/orders.service';
 import { RedisService } from './redis.service';
+import { ReportArchive } from './reports/report-archive';
 import { ReportController } from './reports/report.controller';
 import { ReportService } from './reports/report.service';
 
@@ -30,6 +31,7 @@ export class AppModule {
         RedisService,
         OrdersService,
         ReportService,
+        ReportArchive,
         InventoryService,
       ],
     };
