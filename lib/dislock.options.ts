@@ -29,7 +29,14 @@ export interface PerLockOptions extends LockTimingOptions {
 }
 
 /** Options of `LockService.tryLock`, `lock` and `withLock`. */
-export type LockOptions = PerLockOptions;
+export interface LockOptions extends PerLockOptions {
+  /**
+   * Cancels a wait for a busy lock: `tryLock` then resolves `null`, `lock` and `withLock` reject
+   * with `signal.reason`. An already aborted signal fails at once, without asking Redis. It has
+   * no effect once the lock is held.
+   */
+  signal?: AbortSignal;
+}
 
 /** Options of `@DisLock`. */
 export interface DisLockOptions extends PerLockOptions {

@@ -1,4 +1,6 @@
 import type { ResolvedLockOptions } from './dislock.options';
+import type { Scheduled } from './due-heap';
+import type { WatchdogDue } from './watchdog';
 
 /** One acquisition of a lock, as the caller holds it. */
 export interface LockHandle {
@@ -59,7 +61,7 @@ export type HeldLockState =
  * watchdog's timer and the abort signal shared by the outermost and every reentrant handle.
  * Exists from acquisition to release, so memory is bounded by the locks held, not names seen.
  */
-export class HeldLock {
+export class HeldLock implements Scheduled {
   state: HeldLockState = 'held';
   /** Handles of this owner not yet released. */
   holds = 1;
@@ -67,8 +69,11 @@ export class HeldLock {
   renewals = 0;
   /** `performance.now()` at which the lease ends, as far as this process knows. */
   leaseEndsAt: number;
-  /** The watchdog's next renewal, or the end-of-lease check of a lease that is not renewed. */
-  timer: NodeJS.Timeout | undefined;
+  /** What the watchdog has due for this lock next, and when (`performance.now()`); see `Watchdog`. */
+  due: WatchdogDue | undefined;
+  dueAt = 0;
+  /** Position in the watchdog's schedule; -1 when nothing is due. */
+  heapIndex = -1;
   /** The last renewal error, kept to explain a lease that ran out while Redis was unreachable. */
   lastError: unknown;
   readonly controller = new AbortController();

@@ -21,6 +21,7 @@ import { FENCE_MARKER } from './store/fence-key';
 import { LockScope } from './lock-scope';
 import type { LockStore } from './store/lock-store.interface';
 import { resolveLockOptions, validateLockOptions } from './options.validation';
+import { WaitQueue } from './wait-queue';
 import { Watchdog } from './watchdog';
 
 const now = (): number => performance.now();
@@ -52,6 +53,8 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   private readonly acquiring = new Set<Promise<unknown>>();
   /** Waits in progress, one controller each: shutdown ends them. */
   private readonly waits = new Set<AbortController>();
+  /** The local waiters of each key someone here is waiting for; an entry lives while it has waiters. */
+  private readonly queues = new Map<string, WaitQueue>();
   private readonly watchdog: Watchdog;
 
   constructor(
@@ -65,20 +68,28 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
 
   /**
    * Take the lock `name`, waiting up to `waitTime` while another owner holds it. Resolves `null`
-   * when it is still busy after that; rejects with `RedisUnavailableError` when Redis fails.
+   * when it is still busy after that, or `options.signal` aborted the wait; rejects with
+   * `RedisUnavailableError` when Redis fails.
    * Inside a locked method or `withLock` callback that already holds `name`, re-enters it.
    */
   async tryLock(name: string, options?: LockOptions): Promise<LockHandle | null> {
-    return this.acquire(this.checkName(name), this.resolve('LockService.tryLock', options), false);
+    const lockName = this.checkName(name);
+    const resolved = this.resolve('LockService.tryLock', options);
+    return this.acquire(lockName, resolved, false, options?.signal);
   }
 
-  /** Like `tryLock`, but rejects with `LockNotAcquiredError` when the lock stays busy. */
+  /**
+   * Like `tryLock`, but rejects with `LockNotAcquiredError` when the lock stays busy, or with
+   * `options.signal.reason` when the signal aborted the wait.
+   */
   async lock(name: string, options?: LockOptions): Promise<LockHandle> {
     const lockName = this.checkName(name);
     const resolved = this.resolve('LockService.lock', options);
-    const handle = await this.acquire(lockName, resolved, false);
-    if (!handle) throw new LockNotAcquiredError(lockName, resolved.waitTime);
-    return handle;
+    const signal = options?.signal;
+    const handle = await this.acquire(lockName, resolved, false, signal);
+    if (handle) return handle;
+    if (signal?.aborted) throw signal.reason;
+    throw new LockNotAcquiredError(lockName, resolved.waitTime);
   }
 
   /**
@@ -161,6 +172,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
         { cause: error },
       );
     }
+    if (result === 'released') this.queues.get(lock.key)?.wake(); // hand over to the next local waiter at once
     if (result === 'not-owner' && wasHeld) {
       // Expired or taken over before the watchdog noticed: the work it protected was not protected.
       this.markLost(lock, 'not-owner', 'its release found it gone or held by another owner');
@@ -309,80 +321,182 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
         `Lock names starting with "${FENCE_MARKER}" are reserved for fencing counters, got "${name}"`,
       );
     }
+    if (cancel?.aborted) return null;
     const key = this.options.keyPrefix + name;
-    const outer = this.scope.find(key)?.lock;
-    // Inside the outer holder's call chain: only re-enter its hold (the lease stays the outer's).
-    let reenter = outer !== undefined;
-    let owner = outer?.owner ?? newOwnerId();
-    const lease = options.expire > 0 ? options.expire : options.lockWatchdogTimeout;
     const deadline = now() + options.waitTime;
-    for (let attempt = 0; ; attempt += 1) {
-      const sentAt = now();
-      let result;
-      try {
-        result = await this.store.acquire(key, owner, lease, reenter);
-      } catch (error) {
-        throw new RedisUnavailableError('acquire', name, `Could not acquire lock "${name}": ${describeError(error)}`, {
-          cause: error,
-        });
-      }
-      if (result.acquired) {
-        if (reenter && outer?.state === 'held') {
-          outer.holds += 1; // the outermost acquisition's watchdog keeps renewing for both
-          return new Handle(outer, true, this);
-        }
-        // A fresh lock; or a re-entry whose outer hold was released while it was on its way, which
-        // leaves this owner's hold in Redis: either way it needs a watchdog and a release of its own.
-        if (this.closing) {
-          // Shutdown began while this request was on its way: nobody would release this lock.
-          await this.store.release(key, owner).catch(() => undefined);
-          this.assertOpen(name);
-        }
-        // A re-entry that had to take its own hold (see above) carries on with the outer token.
-        const token = result.token ?? outer?.fencingToken ?? 0;
-        const lock = new HeldLock(name, key, owner, token, options, sentAt, keepOnShutdown);
-        this.held.add(lock);
-        this.watchdog.start(lock);
-        return new Handle(lock, false, this);
-      }
-      if (reenter) {
-        // The outer holder's hold is gone (expired, deleted or taken over) before its watchdog
-        // noticed. It has lost the lock; this acquisition competes as a newcomer.
-        if (outer)
-          this.watchdog.lose(outer, 'not-owner', 'a reentrant acquisition found it gone or held by another owner');
-        reenter = false;
-        owner = newOwnerId();
-        continue;
-      }
-      const remaining = deadline - now();
-      if (remaining <= 0 || cancel?.aborted) return null;
-      await this.waitForRelease(key, result.ttl, remaining, attempt, cancel);
-      this.assertOpen(name);
-      if (cancel?.aborted) return null;
+    const outer = this.scope.find(key)?.lock;
+    if (outer) {
+      // Inside the outer holder's call chain: only re-enter its hold (the lease stays the outer's).
+      const handle = await this.reenter(outer, options, keepOnShutdown);
+      if (handle) return handle;
+    }
+    // Nobody here waits for it, or this caller will not wait: one attempt straight away. Otherwise
+    // join the line, so that a newcomer cannot take the lock from under waiters that came first.
+    if (!this.queues.has(key) || options.waitTime === 0) {
+      const first = await this.attempt(name, key, options, keepOnShutdown);
+      if (first instanceof Handle) return first;
+      if (deadline - now() <= 0 || cancel?.aborted) return null;
+    }
+    return this.waitInLine(name, key, options, keepOnShutdown, deadline, cancel);
+  }
+
+  /**
+   * Count up the outer holder's hold. `undefined` when its hold has vanished from Redis before its
+   * watchdog noticed: it has lost the lock, and this acquisition competes as a newcomer.
+   */
+  private async reenter(outer: HeldLock, options: ResolvedLockOptions, keepOnShutdown: boolean) {
+    const sentAt = now();
+    const lease = leaseOf(options); // not applied on re-entry; sent so the call reads the same as any acquire
+    const result = await this.send(outer.name, () => this.store.acquire(outer.key, outer.owner, lease, true));
+    if (!result.acquired) {
+      this.watchdog.lose(outer, 'not-owner', 'a reentrant acquisition found it gone or held by another owner');
+      return undefined;
+    }
+    if (outer.state === 'held') {
+      outer.holds += 1; // the outermost acquisition's watchdog keeps renewing for both
+      return new Handle(outer, true, this);
+    }
+    // The outer hold was released while this re-entry was on its way, which leaves this owner's
+    // hold in Redis: it needs a watchdog and a release of its own, and carries the outer token on.
+    return this.keep(outer.name, outer.key, outer.owner, outer.fencingToken, options, sentAt, keepOnShutdown);
+  }
+
+  /** One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy. */
+  private async attempt(
+    name: string,
+    key: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+  ): Promise<Handle | number> {
+    const owner = newOwnerId();
+    const lease = leaseOf(options);
+    const sentAt = now();
+    const result = await this.send(name, () => this.store.acquire(key, owner, lease));
+    if (!result.acquired) return result.ttl;
+    return this.keep(name, key, owner, result.token ?? 0, options, sentAt, keepOnShutdown);
+  }
+
+  private async send<T>(name: string, operation: () => Promise<T>): Promise<T> {
+    try {
+      return await operation();
+    } catch (error) {
+      throw new RedisUnavailableError('acquire', name, `Could not acquire lock "${name}": ${describeError(error)}`, {
+        cause: error,
+      });
     }
   }
 
-  /** One wait with its own controller (ended by `cancel` or by shutdown), so nothing accumulates. */
-  private async waitForRelease(
+  /** Start keeping a lock just taken in Redis. */
+  private async keep(
+    name: string,
     key: string,
-    ttl: number,
-    remaining: number,
-    attempt: number,
+    owner: string,
+    token: number,
+    options: ResolvedLockOptions,
+    sentAt: number,
+    keepOnShutdown: boolean,
+  ): Promise<Handle> {
+    if (this.closing) {
+      // Shutdown began while this request was on its way: nobody would release this lock.
+      await this.store.release(key, owner).catch(() => undefined);
+      this.assertOpen(name);
+    }
+    const lock = new HeldLock(name, key, owner, token, options, sentAt, keepOnShutdown);
+    this.held.add(lock);
+    this.watchdog.start(lock);
+    return new Handle(lock, false, this);
+  }
+
+  /**
+   * Wait for the lock behind the local waiters that came first. Only the head of the line tries;
+   * between tries it sleeps until a release is announced (pub/sub, or this process's own release),
+   * the holder's lease runs out, `waitTime` ends, or the wait is cancelled or shut down.
+   */
+  private async waitInLine(
+    name: string,
+    key: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    deadline: number,
     cancel: AbortSignal | undefined,
-  ): Promise<void> {
-    const wait = new AbortController();
-    const stop = (): void => wait.abort();
-    cancel?.addEventListener('abort', stop, { once: true });
-    this.waits.add(wait);
+  ): Promise<Handle | null> {
+    let queue = this.queues.get(key);
+    if (!queue) {
+      queue = new WaitQueue(this.store.watch(key));
+      this.queues.set(key, queue);
+    }
+    const stop = new AbortController();
+    const abort = (): void => stop.abort();
+    cancel?.addEventListener('abort', abort, { once: true });
+    this.waits.add(stop);
+    const place = queue.join();
     try {
-      await this.store.waitForRelease(key, ttl, remaining, attempt, wait.signal);
+      const myTurn = await within(place.turn, deadline - now(), stop.signal);
+      this.assertOpen(name);
+      if (!myTurn) return null;
+      const watch = await queue.watch;
+      // The previous head left holding the lock: wait for its release before asking Redis.
+      let ttl = queue.heldLocally ? queue.heldLease : -1;
+      let tryNow = !queue.heldLocally;
+      queue.heldLocally = false;
+      for (let attempt = 0; ; attempt += 1) {
+        if (stop.signal.aborted) return null;
+        if (tryNow) {
+          const result = await this.attempt(name, key, options, keepOnShutdown);
+          if (result instanceof Handle) {
+            queue.heldLocally = true;
+            queue.heldLease = result.lock.leaseMs;
+            return result;
+          }
+          ttl = result;
+        }
+        tryNow = true;
+        const remaining = deadline - now();
+        if (remaining <= 0) return null;
+        // Listening: sleep until a release is heard, or the holder's lease ends. Not listening
+        // (the subscription failed): poll with a short back-off, never past the lease either.
+        const lease = ttl > 0 ? ttl + 1 : Infinity;
+        const sleep = watch.listening ? lease : Math.min(lease, backoff(attempt));
+        await watch.wait(Math.min(remaining, sleep), stop.signal);
+        this.assertOpen(name);
+      }
     } finally {
-      this.waits.delete(wait);
-      cancel?.removeEventListener('abort', stop);
+      this.waits.delete(stop);
+      cancel?.removeEventListener('abort', abort);
+      queue.leave(place);
+      if (queue.empty && this.queues.get(key) === queue) {
+        this.queues.delete(key);
+        void queue.watch.then((watch) => watch.close());
+      }
     }
   }
 
   private assertOpen(name: string): void {
     if (this.closing) throw new DisLockError(`Cannot acquire lock "${name}": the application is shutting down`);
   }
+}
+
+function leaseOf(options: ResolvedLockOptions): number {
+  return options.expire > 0 ? options.expire : options.lockWatchdogTimeout;
+}
+
+/** Poll back-off while the release channel is not heard: 5, 10, 20, 40, 80, then 100 ms, each +-50 %. */
+function backoff(attempt: number): number {
+  return Math.min(100, 5 * 2 ** Math.min(attempt, 8)) * (0.5 + Math.random());
+}
+
+/** Whether `promise` settles within `ms` and before `signal` aborts. */
+function within(promise: Promise<void>, ms: number, signal: AbortSignal): Promise<boolean> {
+  if (signal.aborted || ms <= 0) return Promise.resolve(false);
+  return new Promise((resolve) => {
+    const done = (value: boolean): void => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', stopped);
+      resolve(value);
+    };
+    const stopped = (): void => done(false);
+    const timer = setTimeout(stopped, ms);
+    signal.addEventListener('abort', stopped, { once: true });
+    promise.then(() => done(true), stopped);
+  });
 }

@@ -15,7 +15,7 @@ const MAX_DURATION_MS = 2 ** 31 - 1;
 
 const TIMING_FIELDS = ['expire', 'lockWatchdogTimeout', 'maxRenewTimes', 'waitTime'] as const;
 const DECORATOR_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'onLockLost', 'key', 'ifExpireWhenFinish']);
-const LOCK_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'onLockLost']);
+const LOCK_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'onLockLost', 'signal']);
 const MODULE_FIELDS: ReadonlySet<string> = new Set([
   'redis',
   'keyPrefix',
@@ -124,7 +124,11 @@ export function validateDecoratorOptions(where: string, raw: unknown): DisLockOp
 
 /** Validates the options argument of a `LockService` call. */
 export function validateLockOptions(where: string, raw: unknown): LockOptions {
-  return raw === undefined ? {} : checkTiming(where, checkObject(where, raw, LOCK_FIELDS));
+  if (raw === undefined) return {};
+  const input = checkObject(where, raw, LOCK_FIELDS);
+  const signal = input.signal;
+  if (signal !== undefined && !(signal instanceof AbortSignal)) fail(where, 'signal', signal, 'an AbortSignal');
+  return { ...checkTiming(where, input), ...(signal !== undefined && { signal }) };
 }
 
 /** A client (duck-typed: another copy of ioredis qualifies), a plain options object, or a URL. */

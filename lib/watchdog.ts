@@ -1,4 +1,5 @@
 import type { Logger } from '@nestjs/common';
+import { DueHeap } from './due-heap';
 import type { LockLostReason } from './errors';
 import type { HeldLock } from './lock-handle';
 import type { LockStore } from './store/lock-store.interface';
@@ -7,21 +8,40 @@ const now = (): number => performance.now();
 
 const describe = (error: unknown): string => (error instanceof Error ? error.message : String(error));
 
+/** Renewals due within this many ms (at most a quarter of a lock's interval) go out with the batch at hand. */
+const BATCH_WINDOW_MS = 50;
+
+/** What is due next for a lock the watchdog keeps. */
+export type WatchdogDue =
+  /** Renew it (a watchdog lock, between renewals). */
+  | 'renew'
+  /** Its lease ends: the fixed `expire`, the last lease after `maxRenewTimes`, or a lease that ran out while renewing. */
+  | 'expired'
+  | 'max-renewals'
+  | 'lease-expired';
+
 /**
- * Keeps held locks alive and notices when they are not any more.
+ * Keeps held locks alive and notices when they are not any more: one schedule (a heap ordered by
+ * due time) and one timer for all the locks of a `LockService`, however many there are.
  *
- * - Renewing locks (no fixed `expire`) are renewed every `lockWatchdogTimeout / 3` with an
- *   owner-checked script that never re-creates a key. "Not owner" means the lock is lost. A renewal
- *   that fails is retried on the next tick (or at the end of the lease, whichever comes first);
- *   once the lease is past, the lock is lost. At `maxRenewTimes` renewal stops with a warning and
- *   the lock counts as lost when its last lease runs out.
+ * - Renewing locks (no fixed `expire`) are renewed every `lockWatchdogTimeout / 3`. When the timer
+ *   fires, every renewal due within a short window goes to Redis together, in one script call per
+ *   batch, and each answer applies to its own lock: "not owner" loses that lock alone. A renewal
+ *   that fails is retried on the next interval (or at the end of the lease, whichever comes
+ *   first); once the lease is past, the lock is lost, on time even while a renewal is still
+ *   waiting for an answer. At `maxRenewTimes` renewal stops with a warning and the lock counts as
+ *   lost when its last lease runs out.
  * - Fixed leases (`expire`) are not renewed; the lock counts as lost if it is still held when the
  *   lease ends.
  *
- * A lost lock is handed to `onLost` (which aborts its signal and tells the hooks). Timers are
- * unref'd and their callbacks never throw.
+ * A lost lock is handed to `onLost` (which aborts its signal and tells the hooks). The timer is
+ * unref'd and its callback never throws.
  */
 export class Watchdog {
+  private readonly schedule = new DueHeap<HeldLock>();
+  private timer: NodeJS.Timeout | undefined;
+  private timerAt = Infinity;
+
   constructor(
     private readonly store: LockStore,
     private readonly logger: Logger,
@@ -30,14 +50,15 @@ export class Watchdog {
 
   /** Start watching a freshly acquired lock. */
   start(lock: HeldLock): void {
-    if (lock.renewing) this.schedule(lock, this.interval(lock), () => this.renew(lock));
-    else this.scheduleLeaseEnd(lock, 'expired');
+    if (lock.renewing) this.plan(lock, now() + this.interval(lock), 'renew');
+    else this.plan(lock, lock.leaseEndsAt, 'expired');
   }
 
-  /** Stop watching: released, detached or shut down. Idempotent. */
+  /** Stop watching: released, detached, lost or shut down. Idempotent. */
   stop(lock: HeldLock): void {
-    clearTimeout(lock.timer);
-    lock.timer = undefined;
+    lock.due = undefined;
+    this.schedule.remove(lock);
+    if (this.schedule.size === 0) this.disarm();
   }
 
   /** Stop watching a lock and report it lost. Does nothing if it is not held. */
@@ -47,70 +68,102 @@ export class Watchdog {
     this.onLost(lock, reason, detail, cause);
   }
 
-  private leaseRanOut(lock: HeldLock): void {
-    const why = lock.lastError === undefined ? 'no answer' : describe(lock.lastError);
-    this.lose(lock, 'lease-expired', `its lease ran out before Redis confirmed a renewal (${why})`, lock.lastError);
-  }
-
   private interval(lock: HeldLock): number {
     return Math.max(1, Math.floor(lock.options.lockWatchdogTimeout / 3));
   }
 
-  private schedule(lock: HeldLock, delayMs: number, task: () => Promise<void> | void): void {
-    clearTimeout(lock.timer);
-    lock.timer = setTimeout(
-      () => {
-        lock.timer = undefined;
-        try {
-          void Promise.resolve(task()).catch((error: unknown) => this.report(lock, error));
-        } catch (error) {
-          this.report(lock, error);
-        }
-      },
-      Math.max(0, delayMs),
-    );
-    lock.timer.unref();
+  private plan(lock: HeldLock, at: number, due: WatchdogDue): void {
+    lock.due = due;
+    this.schedule.schedule(lock, at);
+    this.arm();
   }
 
-  private report(lock: HeldLock, error: unknown): void {
-    this.logger.error(`Watchdog of lock "${lock.name}" failed unexpectedly: ${String(error)}`);
+  /** One timer, set for the earliest due lock. */
+  private arm(): void {
+    const first = this.schedule.peek();
+    if (!first) return this.disarm();
+    if (this.timer && this.timerAt <= first.dueAt) return;
+    clearTimeout(this.timer);
+    this.timerAt = first.dueAt;
+    this.timer = setTimeout(() => this.tick(), Math.max(0, first.dueAt - now()));
+    this.timer.unref();
   }
 
-  private scheduleLeaseEnd(lock: HeldLock, reason: 'expired' | 'max-renewals'): void {
-    this.schedule(lock, lock.leaseEndsAt - now(), () => {
-      if (reason === 'expired') {
-        this.lose(lock, reason, `its fixed lease of ${lock.options.expire} ms ran out while it was still held`);
-      } else {
-        this.lose(
-          lock,
-          reason,
-          `renewal stopped at maxRenewTimes (${lock.options.maxRenewTimes}) and the lease ran out`,
-        );
-      }
-    });
+  private disarm(): void {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    this.timerAt = Infinity;
   }
 
-  private async renew(lock: HeldLock): Promise<void> {
-    if (lock.state !== 'held') return;
-    const sentAt = now();
-    if (sentAt >= lock.leaseEndsAt) {
-      this.leaseRanOut(lock);
-      return;
-    }
-    // The lease keeps running while the renewal is on its way: if it ends first, the lock is lost
-    // then, not whenever Redis finally answers (up to operationTimeout later).
-    this.schedule(lock, lock.leaseEndsAt - sentAt, () => this.leaseRanOut(lock));
-    let renewed: boolean;
+  private tick(): void {
+    this.timer = undefined;
+    this.timerAt = Infinity;
     try {
-      renewed = await this.store.renew(lock.key, lock.owner, lock.leaseMs);
+      const at = now();
+      const batch: HeldLock[] = [];
+      for (let lock = this.schedule.peek(); lock; lock = this.schedule.peek()) {
+        const early = lock.due === 'renew' ? Math.min(BATCH_WINDOW_MS, this.interval(lock) / 4) : 0;
+        if (lock.dueAt > at + early) break;
+        this.schedule.pop();
+        const due = lock.due;
+        lock.due = undefined;
+        if (lock.state !== 'held') continue;
+        if (due === 'renew') batch.push(lock);
+        else if (due) this.leaseEnded(lock, due);
+      }
+      if (batch.length > 0) {
+        this.renew(batch).catch((error: unknown) => this.report(error));
+      }
     } catch (error) {
-      if (lock.state !== 'held') return;
-      lock.lastError = error;
-      this.schedule(lock, Math.min(this.interval(lock), lock.leaseEndsAt - now()), () => this.renew(lock));
+      this.report(error);
+    }
+    this.arm();
+  }
+
+  private report(error: unknown): void {
+    this.logger.error(`Lock watchdog failed unexpectedly: ${String(error)}`);
+  }
+
+  private leaseEnded(lock: HeldLock, due: Exclude<WatchdogDue, 'renew'>): void {
+    if (due === 'expired') {
+      this.lose(lock, due, `its fixed lease of ${lock.options.expire} ms ran out while it was still held`);
+    } else if (due === 'max-renewals') {
+      this.lose(lock, due, `renewal stopped at maxRenewTimes (${lock.options.maxRenewTimes}) and the lease ran out`);
+    } else {
+      const why = lock.lastError === undefined ? 'no answer' : describe(lock.lastError);
+      this.lose(lock, due, `its lease ran out before Redis confirmed a renewal (${why})`, lock.lastError);
+    }
+  }
+
+  private async renew(locks: HeldLock[]): Promise<void> {
+    const sentAt = now();
+    const sending: HeldLock[] = [];
+    for (const lock of locks) {
+      if (sentAt >= lock.leaseEndsAt) {
+        this.leaseEnded(lock, 'lease-expired');
+        continue;
+      }
+      // The lease keeps running while the renewal is on its way: if it ends first, the lock is
+      // lost then, not whenever Redis finally answers (up to operationTimeout later).
+      this.plan(lock, lock.leaseEndsAt, 'lease-expired');
+      sending.push(lock);
+    }
+    if (sending.length === 0) return;
+    const outcomes = await this.store.renew(
+      sending.map((lock) => ({ key: lock.key, owner: lock.owner, leaseMs: lock.leaseMs })),
+    );
+    sending.forEach((lock, i) => this.renewed(lock, outcomes[i], sentAt));
+  }
+
+  /** Apply one lock's answer from a batch. */
+  private renewed(lock: HeldLock, outcome: boolean | { readonly error: unknown }, sentAt: number): void {
+    if (lock.state !== 'held' || lock.due !== 'lease-expired') return; // released, lost or moved on meanwhile
+    if (typeof outcome === 'object') {
+      lock.lastError = outcome.error;
+      this.plan(lock, now() + Math.min(this.interval(lock), lock.leaseEndsAt - now()), 'renew');
       return;
     }
-    if (lock.state !== 'held') return; // released or detached while the renewal was on its way
-    if (!renewed) {
+    if (!outcome) {
       this.lose(lock, 'not-owner', 'a renewal found it gone or held by another owner');
       return;
     }
@@ -122,9 +175,9 @@ export class Watchdog {
       this.logger.warn(
         `Lock "${lock.name}" reached maxRenewTimes (${max}); renewal stops and the lock expires in ${lock.leaseMs} ms`,
       );
-      this.scheduleLeaseEnd(lock, 'max-renewals');
+      this.plan(lock, lock.leaseEndsAt, 'max-renewals');
       return;
     }
-    this.schedule(lock, this.interval(lock), () => this.renew(lock));
+    this.plan(lock, now() + this.interval(lock), 'renew');
   }
 }

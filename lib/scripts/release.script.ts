@@ -1,14 +1,16 @@
 import { LuaScript } from './lua-script';
 
 /**
- * release: drop one hold (or, forced, all holds) of the caller's lock.
+ * release: drop one hold (or, forced, all holds) of the caller's lock, and announce a freed lock.
  *
- * KEYS[1]  the lock hash
+ * KEYS[1]  the lock hash; also the pub/sub channel that waiters for it listen on
  * ARGV[1]  owner id
  * ARGV[2]  '1' to drop every hold at once (shutdown), '0' to drop one
+ * ARGV[3]  the message to publish when the key is deleted: the releasing store's id, so that it
+ *          can tell its own announcements (already handled locally) from other processes'
  *
- * Returns 0 when the caller does not own the lock (nothing changed), 1 when the key was deleted,
- * 2 when the hold count went down and the lock is still held by the caller.
+ * Returns 0 when the caller does not own the lock (nothing changed), 1 when the key was deleted
+ * (and the release published), 2 when the hold count went down and the lock is still held.
  */
 export const RELEASE_SCRIPT = new LuaScript(
   'release',
@@ -21,6 +23,7 @@ if ARGV[2] ~= '1' and redis.call('hincrby', key, owner, -1) > 0 then
   return 2
 end
 redis.call('del', key)
+redis.call('publish', key, ARGV[3])
 return 1
 `,
 );

@@ -1,25 +1,30 @@
 import { LuaScript } from './lua-script';
 
 /**
- * renew: extend the lease of a lock the caller still owns. Never creates a key.
+ * renew: extend the leases of locks their callers still own, many in one call. Never creates a key.
  *
- * KEYS[1]  the lock hash
- * ARGV[1]  owner id
- * ARGV[2]  lease in ms
+ * KEYS[i]      a lock hash (all in one hash slot when the server is a Cluster)
+ * ARGV[2i-1]   the owner id expected in KEYS[i]
+ * ARGV[2i]     the lease in ms for KEYS[i]
  *
- * Returns 1 when renewed (the lease is at least ARGV[2] afterwards, never shortened), 0 when the
- * key is gone, holds another owner, or is not a hash.
+ * Returns one number per key, in order: 1 when renewed (its lease is at least ARGV[2i] afterwards,
+ * never shortened), 0 when the key is gone, holds another owner, or is not a hash.
  */
 export const RENEW_SCRIPT = new LuaScript(
   'renew',
   `
-local key, owner, lease = KEYS[1], ARGV[1], tonumber(ARGV[2])
-if redis.call('type', KEYS[1]).ok ~= 'hash' or redis.call('hexists', key, owner) == 0 then
-  return 0
+local renewed = {}
+for i, key in ipairs(KEYS) do
+  local owner, lease = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  if redis.call('type', key).ok == 'hash' and redis.call('hexists', key, owner) == 1 then
+    if redis.call('pttl', key) < lease then
+      redis.call('pexpire', key, lease)
+    end
+    renewed[i] = 1
+  else
+    renewed[i] = 0
+  end
 end
-if redis.call('pttl', key) < lease then
-  redis.call('pexpire', key, lease)
-end
-return 1
+return renewed
 `,
 );

@@ -1,3 +1,7 @@
+import type { ReleaseWatch } from './release-subscriber';
+
+export type { ReleaseWatch };
+
 /** Outcome of one acquire attempt. */
 export type AcquireResult =
   /**
@@ -10,6 +14,16 @@ export type AcquireResult =
    * remaining lease in ms (-1 when the key has none, -2 when there is no key).
    */
   | { readonly acquired: false; readonly ttl: number };
+
+/** One lock to renew: its key, the owner expected in it and the lease to reset it to. */
+export interface RenewRequest {
+  readonly key: string;
+  readonly owner: string;
+  readonly leaseMs: number;
+}
+
+/** Outcome of one renewal: `true` renewed, `false` not the owner (nothing changed), or why it could not be asked. */
+export type RenewOutcome = boolean | { readonly error: unknown };
 
 /** Outcome of one release call. */
 export type ReleaseResult =
@@ -34,16 +48,20 @@ export interface LockStore {
    * `owner` already has (the lease is left alone, and a missing hold is not created).
    */
   acquire(key: string, owner: string, leaseMs: number, reenter?: boolean): Promise<AcquireResult>;
-  /** Reset the lease if `owner` still holds the lock. `false`: not the owner, nothing changed. */
-  renew(key: string, owner: string, leaseMs: number): Promise<boolean>;
+  /**
+   * Reset the lease of each lock whose owner still holds it, in as few round trips as the backend
+   * allows. One outcome per request, in order; never rejects (a failed call gives its requests an
+   * `{ error }` outcome).
+   */
+  renew(requests: readonly RenewRequest[]): Promise<RenewOutcome[]>;
   /** Drop one hold of `owner` (`force`: all of them). Never touches a lock of another owner. */
   release(key: string, owner: string, force?: boolean): Promise<ReleaseResult>;
   /**
-   * Resolve when it may be worth trying `key` again: at the latest after `maxWaitMs`, at once when
-   * `signal` aborts. `ttlHint` is the holder's remaining lease as last seen (-1: unknown);
-   * `attempt` counts the failed tries so far. Never rejects.
+   * Listen for releases of `key` (by any process). Resolves once listening, or once that failed
+   * (`listening: false`); never rejects. Call before the retry that follows a failed attempt, so
+   * that a release in between is not missed.
    */
-  waitForRelease(key: string, ttlHint: number, maxWaitMs: number, attempt: number, signal: AbortSignal): Promise<void>;
+  watch(key: string): Promise<ReleaseWatch>;
   /** Close what the store opened itself; a client handed in by the application stays open. */
   close(): Promise<void>;
 }

@@ -1,16 +1,24 @@
+import { randomBytes } from 'node:crypto';
 import { ACQUIRE_SCRIPT } from '../scripts/acquire.script';
 import type { LuaScript } from '../scripts/lua-script';
 import { RELEASE_SCRIPT } from '../scripts/release.script';
 import { RENEW_SCRIPT } from '../scripts/renew.script';
-import { fenceKeyFor, slotTag } from './fence-key';
-import type { AcquireResult, LockStore, ReleaseResult } from './lock-store.interface';
+import { fenceKeyFor, keySlot, slotTag } from './fence-key';
+import type {
+  AcquireResult,
+  LockStore,
+  ReleaseResult,
+  ReleaseWatch,
+  RenewOutcome,
+  RenewRequest,
+} from './lock-store.interface';
 import { closeRedis, type RedisClient } from './redis-client';
+import { ReleaseSubscriber } from './release-subscriber';
 
 const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = { 0: 'not-owner', 1: 'released', 2: 'decremented' };
 
-/** Poll back-off while waiting for a busy lock: 5, 10, 20, 40, 80, then 100 ms, each +-50 %. */
-const BACKOFF_START_MS = 5;
-const BACKOFF_MAX_MS = 100;
+/** Most locks renewed by one script call: keeps each call to about a millisecond of Redis time. */
+const MAX_RENEW_BATCH = 500;
 
 /** Thrown by the store when Redis does not answer within `operationTimeout`. */
 export class StoreTimeoutError extends Error {
@@ -22,9 +30,14 @@ export class StoreTimeoutError extends Error {
 
 /**
  * The lock store on one Redis (a standalone server, a Sentinel-managed master, or a Cluster, where
- * each script touches a single key). Every call is bounded by `operationTimeout`.
+ * every script call stays within one hash slot). Every call is bounded by `operationTimeout`.
  */
 export class RedisLockStore implements LockStore {
+  /** Published by this store's releases, so that their pub/sub echo can be told apart. */
+  private readonly id = randomBytes(8).toString('hex');
+  private readonly releases: ReleaseSubscriber;
+  private readonly cluster: boolean;
+
   constructor(
     private readonly client: RedisClient,
     private readonly owned: boolean,
@@ -33,6 +46,8 @@ export class RedisLockStore implements LockStore {
     private readonly keyPrefix: string,
   ) {
     slotTag(0); // build the slot table now rather than on the first acquisition
+    this.releases = new ReleaseSubscriber(client, this.id, operationTimeout);
+    this.cluster = (client as { isCluster?: boolean }).isCluster === true;
   }
 
   async acquire(key: string, owner: string, leaseMs: number, reenter = false): Promise<AcquireResult> {
@@ -60,45 +75,62 @@ export class RedisLockStore implements LockStore {
     return token === undefined ? { acquired: true, count: value } : { acquired: true, count: value, token };
   }
 
-  async renew(key: string, owner: string, leaseMs: number): Promise<boolean> {
-    return (await this.run(RENEW_SCRIPT, key, [owner, leaseMs])) === 1;
+  async renew(requests: readonly RenewRequest[]): Promise<RenewOutcome[]> {
+    const outcomes: RenewOutcome[] = new Array<RenewOutcome>(requests.length);
+    await Promise.all(
+      this.batches(requests).map(async (indexes) => {
+        const keys = indexes.map((i) => requests[i].key);
+        const args = indexes.flatMap((i) => [requests[i].owner, requests[i].leaseMs]);
+        try {
+          const replies = (await this.run(RENEW_SCRIPT, keys, args)) as number[];
+          indexes.forEach((requestIndex, i) => (outcomes[requestIndex] = replies[i] === 1));
+        } catch (error) {
+          for (const requestIndex of indexes) outcomes[requestIndex] = { error };
+        }
+      }),
+    );
+    return outcomes;
   }
 
   async release(key: string, owner: string, force = false): Promise<ReleaseResult> {
-    const reply = await this.run(RELEASE_SCRIPT, key, [owner, force ? '1' : '0']);
+    const reply = await this.run(RELEASE_SCRIPT, [key], [owner, force ? '1' : '0', this.id]);
     const result = RELEASE_RESULTS[reply as number];
     if (result === undefined) throw new Error(`Unexpected reply from the release script: ${String(reply)}`);
     return result;
   }
 
-  waitForRelease(
-    _key: string,
-    ttlHint: number,
-    maxWaitMs: number,
-    attempt: number,
-    signal: AbortSignal,
-  ): Promise<void> {
-    const backoff = Math.min(BACKOFF_MAX_MS, BACKOFF_START_MS * 2 ** Math.min(attempt, 8));
-    const jittered = backoff * (0.5 + Math.random());
-    const delay = Math.max(1, Math.min(maxWaitMs, ttlHint > 0 ? ttlHint : Infinity, jittered));
-    return new Promise((resolve) => {
-      if (signal.aborted) return resolve();
-      const done = (): void => {
-        clearTimeout(timer);
-        signal.removeEventListener('abort', done);
-        resolve();
-      };
-      const timer = setTimeout(done, delay);
-      signal.addEventListener('abort', done, { once: true });
-    });
+  watch(key: string): Promise<ReleaseWatch> {
+    return this.releases.watch(key);
   }
 
   async close(): Promise<void> {
+    this.releases.close();
     if (this.owned) await closeRedis(this.client, this.operationTimeout);
   }
 
-  private run(script: LuaScript, key: string, args: readonly (string | number)[]): Promise<unknown> {
-    return this.bounded(script.run(this.client, [key], args));
+  /**
+   * Request indexes grouped into script calls: by hash slot on a Cluster (a script may only touch
+   * one slot), all together on a single server; at most MAX_RENEW_BATCH each.
+   */
+  private batches(requests: readonly RenewRequest[]): number[][] {
+    const groups = new Map<number, number[]>();
+    requests.forEach((request, i) => {
+      const slot = this.cluster ? keySlot(request.key) : 0;
+      const group = groups.get(slot);
+      if (group) group.push(i);
+      else groups.set(slot, [i]);
+    });
+    const batches: number[][] = [];
+    for (const group of groups.values()) {
+      for (let start = 0; start < group.length; start += MAX_RENEW_BATCH) {
+        batches.push(group.slice(start, start + MAX_RENEW_BATCH));
+      }
+    }
+    return batches;
+  }
+
+  private run(script: LuaScript, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
+    return this.bounded(script.run(this.client, keys, args));
   }
 
   private bounded<T>(operation: Promise<T>): Promise<T> {

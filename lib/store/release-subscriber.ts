@@ -1,0 +1,145 @@
+import type { RedisClient } from './redis-client';
+
+/** One waiter's interest in the releases of one lock key. */
+export interface ReleaseWatch {
+  /**
+   * Whether releases of the key are heard. `false` when subscribing failed (Redis unreachable):
+   * the waiter must then poll instead of relying on a wake-up.
+   */
+  readonly listening: boolean;
+  /**
+   * Resolves at the next release heard since the previous call (at once if one came in between),
+   * after `maxWaitMs`, or when `signal` aborts. Never rejects.
+   */
+  wait(maxWaitMs: number, signal: AbortSignal): Promise<void>;
+  /** A release seen locally (this process freed the lock): wake the wait as a message would. */
+  wake(): void;
+  /** Stop listening; the channel is unsubscribed when the last watch of the key closes. */
+  close(): void;
+}
+
+class Watch implements ReleaseWatch {
+  listening = false;
+  private pending = false;
+  private wakeUp: (() => void) | undefined;
+
+  constructor(
+    readonly channel: string,
+    private readonly onClose: (watch: Watch) => void,
+  ) {}
+
+  wait(maxWaitMs: number, signal: AbortSignal): Promise<void> {
+    if (this.pending || signal.aborted) {
+      this.pending = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const done = (): void => {
+        clearTimeout(timer);
+        signal.removeEventListener('abort', done);
+        this.wakeUp = undefined;
+        resolve();
+      };
+      const timer = setTimeout(done, Math.max(1, maxWaitMs));
+      signal.addEventListener('abort', done, { once: true });
+      this.wakeUp = done;
+    });
+  }
+
+  wake(): void {
+    if (this.wakeUp) this.wakeUp();
+    else this.pending = true;
+  }
+
+  close(): void {
+    this.wakeUp?.();
+    this.onClose(this);
+  }
+}
+
+interface Channel {
+  readonly watches: Set<Watch>;
+  /** Settles once SUBSCRIBE was answered: `true` when listening. */
+  readonly subscribed: Promise<boolean>;
+}
+
+/**
+ * Hears lock releases over Redis pub/sub: the release script publishes on a channel named like the
+ * lock key. One subscriber connection per store, opened on the first wait and shared by every
+ * waiter; a key's channel is subscribed while at least one local waiter watches it.
+ */
+export class ReleaseSubscriber {
+  private connection: RedisClient | undefined;
+  private readonly channels = new Map<string, Channel>();
+  private closed = false;
+
+  constructor(
+    private readonly source: RedisClient,
+    /** What this process's own releases publish: those are handled locally, their echo is ignored. */
+    private readonly selfId: string,
+    private readonly timeoutMs: number,
+  ) {}
+
+  /** Watch the releases of `key`; resolves once subscribed (or once subscribing has failed). */
+  async watch(key: string): Promise<ReleaseWatch> {
+    // A client with an ioredis keyPrefix prefixes the script's keys, and so the published channel.
+    const channelName = ((this.source as { options?: { keyPrefix?: string } }).options?.keyPrefix ?? '') + key;
+    const watch = new Watch(channelName, (closing) => this.unwatch(closing));
+    let channel = this.channels.get(channelName);
+    if (!channel) {
+      channel = { watches: new Set(), subscribed: this.subscribe(channelName) };
+      this.channels.set(channelName, channel);
+    }
+    channel.watches.add(watch);
+    watch.listening = await channel.subscribed;
+    return watch;
+  }
+
+  /** Ends every wait and closes the subscriber connection. */
+  close(): void {
+    this.closed = true;
+    for (const channel of this.channels.values()) for (const watch of channel.watches) watch.wake();
+    this.channels.clear();
+    this.connection?.disconnect();
+    this.connection = undefined;
+  }
+
+  private async subscribe(channel: string): Promise<boolean> {
+    if (this.closed) return false;
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      const subscribed = this.open().subscribe(channel);
+      const timeout = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error('SUBSCRIBE timed out')), this.timeoutMs);
+      });
+      await Promise.race([subscribed, timeout]);
+      return true;
+    } catch {
+      return false; // waiters poll instead; ioredis resubscribes once it reconnects
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  private unwatch(watch: Watch): void {
+    const channel = this.channels.get(watch.channel);
+    if (!channel?.watches.delete(watch) || channel.watches.size > 0) return;
+    this.channels.delete(watch.channel);
+    this.connection?.unsubscribe(watch.channel).catch(() => undefined);
+  }
+
+  private open(): RedisClient {
+    if (this.connection) return this.connection;
+    const connection = this.source.duplicate();
+    // Connection errors are reported by the main client; a lost subscription only slows waiters
+    // down to their lease-bounded timers until ioredis reconnects and resubscribes.
+    connection.on('error', () => undefined);
+    connection.on('message', (channel: string, message: string) => {
+      if (message === this.selfId) return;
+      const watches = this.channels.get(channel)?.watches;
+      if (watches) for (const watch of watches) watch.wake();
+    });
+    this.connection = connection;
+    return connection;
+  }
+}
