@@ -55,6 +55,8 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   private readonly waits = new Set<AbortController>();
   /** The local waiters of each key someone here is waiting for; an entry lives while it has waiters. */
   private readonly queues = new Map<string, WaitQueue>();
+  /** Keys this process just released to waiters elsewhere, and until when it gives way (see `giveWay`). */
+  private readonly givingWayUntil = new Map<string, number>();
   private readonly watchdog: Watchdog;
 
   constructor(
@@ -173,16 +175,21 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       );
     }
     if (result === 'released') this.queues.get(lock.key)?.wake(); // hand over to the next local waiter at once
+    if (result === 'released-contended') this.giveWay(lock.key);
     if (result === 'not-owner' && wasHeld) {
       // Expired or taken over before the watchdog noticed: the work it protected was not protected.
       this.markLost(lock, 'not-owner', 'its release found it gone or held by another owner');
     }
-    return result === 'released' && !wasLost;
+    return (result === 'released' || result === 'released-contended') && !wasLost;
   }
 
   /** @internal */
   stopRenewal(lock: HeldLock): void {
-    if (lock.state === 'held') this.settle(lock, 'detached');
+    if (lock.state !== 'held') return;
+    this.settle(lock, 'detached');
+    // A local waiter may be sleeping on this holder's release; it will now come at expiry, or
+    // never: let the head ask Redis for the real remaining lease.
+    this.queues.get(lock.key)?.wake();
   }
 
   /** @internal */
@@ -248,6 +255,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   private markLost(lock: HeldLock, reason: LockLostReason, detail: string, cause?: unknown): void {
     if (lock.state === 'lost' || lock.state === 'shut-down' || lock.state === 'detached') return;
     this.settle(lock, 'lost');
+    this.queues.get(lock.key)?.wake(); // no release will announce it: let the next local waiter look
     const message = `Lock "${lock.name}" lost: ${detail}`;
     this.announce(lock, new LockLostError(lock.name, reason, message, cause === undefined ? undefined : { cause }));
   }
@@ -331,13 +339,15 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       if (handle) return handle;
     }
     // Nobody here waits for it, or this caller will not wait: one attempt straight away. Otherwise
-    // join the line, so that a newcomer cannot take the lock from under waiters that came first.
-    if (!this.queues.has(key) || options.waitTime === 0) {
+    // join the line, so that a newcomer cannot take the lock from under waiters that came first,
+    // nor, just after this process released it, from waiters in other processes.
+    const giveWay = this.givingWay(key);
+    if ((!this.queues.has(key) && giveWay === 0) || options.waitTime === 0) {
       const first = await this.attempt(name, key, options, keepOnShutdown);
       if (first instanceof Handle) return first;
       if (deadline - now() <= 0 || cancel?.aborted) return null;
     }
-    return this.waitInLine(name, key, options, keepOnShutdown, deadline, cancel);
+    return this.waitInLine(name, key, options, keepOnShutdown, deadline, cancel, giveWay);
   }
 
   /**
@@ -419,6 +429,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     keepOnShutdown: boolean,
     deadline: number,
     cancel: AbortSignal | undefined,
+    giveWay: number,
   ): Promise<Handle | null> {
     let queue = this.queues.get(key);
     if (!queue) {
@@ -435,9 +446,10 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       this.assertOpen(name);
       if (!myTurn) return null;
       const watch = await queue.watch;
-      // The previous head left holding the lock: wait for its release before asking Redis.
-      let ttl = queue.heldLocally ? queue.heldLease : -1;
-      let tryNow = !queue.heldLocally;
+      // The previous head left holding the lock: wait for its release before asking Redis. Or this
+      // process has just released it to waiters elsewhere: give them a moment to take it first.
+      let ttl = queue.heldLocally ? queue.heldLease : giveWay > 0 ? giveWay : -1;
+      let tryNow = !queue.heldLocally && giveWay === 0;
       queue.heldLocally = false;
       for (let attempt = 0; ; attempt += 1) {
         if (stop.signal.aborted) return null;
@@ -471,6 +483,31 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     }
   }
 
+  /**
+   * This process released `key` while other processes were waiting for it. Left alone, its own
+   * next attempt (a local waiter, or the releasing code coming straight back) would reach Redis
+   * before their woken waiters do, every time: the lock would never leave the process. So for
+   * GIVE_WAY_MS local attempts hold back, unless a release is heard first.
+   */
+  private giveWay(key: string): void {
+    if (this.givingWayUntil.size >= 1_024) {
+      const at = now();
+      for (const [k, until] of this.givingWayUntil) if (until <= at) this.givingWayUntil.delete(k);
+    }
+    this.givingWayUntil.set(key, now() + GIVE_WAY_MS);
+    this.queues.get(key)?.wake(GIVE_WAY_MS);
+  }
+
+  /** ms left of giving way on `key` (0: none). */
+  private givingWay(key: string): number {
+    const until = this.givingWayUntil.get(key);
+    if (until === undefined) return 0;
+    const left = until - now();
+    if (left > 0) return left;
+    this.givingWayUntil.delete(key);
+    return 0;
+  }
+
   private assertOpen(name: string): void {
     if (this.closing) throw new DisLockError(`Cannot acquire lock "${name}": the application is shutting down`);
   }
@@ -479,6 +516,13 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
 function leaseOf(options: ResolvedLockOptions): number {
   return options.expire > 0 ? options.expire : options.lockWatchdogTimeout;
 }
+
+/**
+ * How long a process that released a lock other processes wait for holds back its own next attempt:
+ * long enough for a woken waiter elsewhere to hear the release and reach Redis (a round trip and a
+ * turn of its event loop), short enough to cost little when none does.
+ */
+const GIVE_WAY_MS = 3;
 
 /** Poll back-off while the release channel is not heard: 5, 10, 20, 40, 80, then 100 ms, each +-50 %. */
 function backoff(attempt: number): number {

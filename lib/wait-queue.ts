@@ -55,8 +55,12 @@ export class WaitQueue {
     if (index === 0) this.line[0]?.start();
   }
 
-  /** A release seen locally: wake the head at once. */
-  wake(): void {
-    void this.watch.then((watch) => watch.wake());
+  /** A release seen locally: wake the head at once, or after `delayMs`. */
+  wake(delayMs = 0): void {
+    if (delayMs <= 0) {
+      void this.watch.then((watch) => watch.wake());
+      return;
+    }
+    setTimeout(() => this.wake(), delayMs).unref();
   }
 }

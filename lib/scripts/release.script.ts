@@ -8,9 +8,11 @@ import { LuaScript } from './lua-script';
  * ARGV[2]  '1' to drop every hold at once (shutdown), '0' to drop one
  * ARGV[3]  the message to publish when the key is deleted: the releasing store's id, so that it
  *          can tell its own announcements (already handled locally) from other processes'
+ * ARGV[4]  how many of the channel's subscribers are the releasing store's own (0 or 1)
  *
  * Returns 0 when the caller does not own the lock (nothing changed), 1 when the key was deleted
- * (and the release published), 2 when the hold count went down and the lock is still held.
+ * (and the release published), 2 when the hold count went down and the lock is still held, 3 when
+ * the key was deleted and someone else was listening for it (other processes are waiting).
  */
 export const RELEASE_SCRIPT = new LuaScript(
   'release',
@@ -23,7 +25,9 @@ if ARGV[2] ~= '1' and redis.call('hincrby', key, owner, -1) > 0 then
   return 2
 end
 redis.call('del', key)
-redis.call('publish', key, ARGV[3])
+if redis.call('publish', key, ARGV[3]) > tonumber(ARGV[4]) then
+  return 3
+end
 return 1
 `,
 );

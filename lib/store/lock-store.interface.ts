@@ -29,6 +29,8 @@ export type RenewOutcome = boolean | { readonly error: unknown };
 export type ReleaseResult =
   /** The key is gone: this call freed the lock. */
   | 'released'
+  /** The key is gone, and waiters elsewhere (other processes) were told: they are about to try. */
+  | 'released-contended'
   /** The owner's hold count went down but is still above zero (a reentrant hold remains). */
   | 'decremented'
   /** The caller does not own the lock (any more); nothing was changed. */

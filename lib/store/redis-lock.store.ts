@@ -15,7 +15,12 @@ import type {
 import { closeRedis, type RedisClient } from './redis-client';
 import { ReleaseSubscriber } from './release-subscriber';
 
-const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = { 0: 'not-owner', 1: 'released', 2: 'decremented' };
+const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
+  0: 'not-owner',
+  1: 'released',
+  2: 'decremented',
+  3: 'released-contended',
+};
 
 /** Most locks renewed by one script call: keeps each call to about a millisecond of Redis time. */
 const MAX_RENEW_BATCH = 500;
@@ -93,7 +98,8 @@ export class RedisLockStore implements LockStore {
   }
 
   async release(key: string, owner: string, force = false): Promise<ReleaseResult> {
-    const reply = await this.run(RELEASE_SCRIPT, [key], [owner, force ? '1' : '0', this.id]);
+    const ownListeners = this.releases.isWatching(key) ? 1 : 0;
+    const reply = await this.run(RELEASE_SCRIPT, [key], [owner, force ? '1' : '0', this.id, ownListeners]);
     const result = RELEASE_RESULTS[reply as number];
     if (result === undefined) throw new Error(`Unexpected reply from the release script: ${String(reply)}`);
     return result;

@@ -82,8 +82,7 @@ export class ReleaseSubscriber {
 
   /** Watch the releases of `key`; resolves once subscribed (or once subscribing has failed). */
   async watch(key: string): Promise<ReleaseWatch> {
-    // A client with an ioredis keyPrefix prefixes the script's keys, and so the published channel.
-    const channelName = ((this.source as { options?: { keyPrefix?: string } }).options?.keyPrefix ?? '') + key;
+    const channelName = this.channelOf(key);
     const watch = new Watch(channelName, (closing) => this.unwatch(closing));
     let channel = this.channels.get(channelName);
     if (!channel) {
@@ -95,6 +94,11 @@ export class ReleaseSubscriber {
     return watch;
   }
 
+  /** Whether this subscriber listens on `key`'s channel (a local waiter watches it). */
+  isWatching(key: string): boolean {
+    return this.channels.has(this.channelOf(key));
+  }
+
   /** Ends every wait and closes the subscriber connection. */
   close(): void {
     this.closed = true;
@@ -102,6 +106,11 @@ export class ReleaseSubscriber {
     this.channels.clear();
     this.connection?.disconnect();
     this.connection = undefined;
+  }
+
+  /** A client with an ioredis keyPrefix prefixes the script's keys, and so the published channel. */
+  private channelOf(key: string): string {
+    return ((this.source as { options?: { keyPrefix?: string } }).options?.keyPrefix ?? '') + key;
   }
 
   private async subscribe(channel: string): Promise<boolean> {
