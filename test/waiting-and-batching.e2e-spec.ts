@@ -1,0 +1,848 @@
+import { createHook } from 'node:async_hooks';
+import { Injectable, Logger } from '@nestjs/common';
+import type { Redis } from 'ioredis';
+import {
+  DisLock,
+  DisLockError,
+  type LockHandle,
+  type LockLostEvent,
+  LockLostError,
+  LockNotAcquiredError,
+} from 'nestjs-dislock';
+import { createTestApp, type TestApp } from './support/app';
+import { RedisServer } from './support/redis-server';
+import { eventually, sleep } from './support/shared-redis';
+import { abortReason, lostReason, settle } from './support/async';
+import { ACQUIRE_SCRIPT } from '../lib/scripts/acquire.script';
+import type { LuaScript } from '../lib/scripts/lua-script';
+import { RELEASE_SCRIPT } from '../lib/scripts/release.script';
+import { RENEW_SCRIPT } from '../lib/scripts/renew.script';
+
+/**
+ * Waiting without polling (pub/sub wake-ups, a FIFO queue of local waiters, AbortSignal) and the
+ * batched watchdog. Every test here runs on this file's own redis-server, so that MONITOR,
+ * PUBSUB NUMSUB and CLIENT LIST see this file's traffic only.
+ */
+
+const PREFIX = 'dislock:';
+/** A holder that only a release (never its lease, nor a poll) lets go of within a test. */
+const LONG = { lockWatchdogTimeout: 20_000 } as const;
+/** Waiters wait long enough that waitTime never decides a test that is not about it. */
+const WAIT = { waitTime: 10_000, lockWatchdogTimeout: 20_000 } as const;
+/** Release -> the waiter holds the lock. A message round trip is a few ms; the margin is for a busy 2-core machine. */
+const WAKE_MS = 150;
+
+/** A MONITOR line's arguments. */
+type Line = string[];
+
+const isCall = (args: Line, script: LuaScript): boolean =>
+  (args[0]?.toLowerCase() === 'evalsha' && args[1] === script.sha) ||
+  (args[0]?.toLowerCase() === 'eval' && args[1] === script.source);
+
+/** The KEYS of an EVAL/EVALSHA line. */
+const keysOf = (args: Line): string[] => args.slice(3, 3 + Number(args[2]));
+
+const calls = (lines: readonly Line[], script: LuaScript, key?: string): Line[] =>
+  lines.filter((args) => isCall(args, script) && (key === undefined || keysOf(args).includes(key)));
+
+/** Every command Redis runs, in order (MONITOR on a connection of its own). */
+class Monitor {
+  readonly lines: Line[] = [];
+  private readonly watchers = new Set<(args: Line) => void>();
+  private marks = 0;
+
+  private constructor(
+    private readonly base: Redis,
+    private readonly conn: Redis,
+    private readonly probe: Redis,
+  ) {
+    conn.on('monitor', (_time: string, args: string[]) => {
+      this.lines.push(args);
+      for (const watcher of this.watchers) watcher(args);
+    });
+  }
+
+  static async start(server: RedisServer, probe: Redis): Promise<Monitor> {
+    const base = server.client();
+    const conn = await base.monitor();
+    const monitor = new Monitor(base, conn, probe);
+    await monitor.sync();
+    return monitor;
+  }
+
+  /** Index just past every command Redis had run when this was called (an ECHO marker comes back). */
+  async sync(): Promise<number> {
+    const mark = `sync-${(this.marks += 1)}`;
+    const seen = this.next((args) => args[0]?.toLowerCase() === 'echo' && args[1] === mark);
+    await this.probe.echo(mark);
+    await seen;
+    return this.lines.findIndex((args) => args[0]?.toLowerCase() === 'echo' && args[1] === mark) + 1;
+  }
+
+  /** Resolves at the next command (from now on) that `match` accepts. */
+  next(match: (args: Line) => boolean): Promise<Line> {
+    return new Promise((resolve) => {
+      const watcher = (args: Line): void => {
+        if (!match(args)) return;
+        this.watchers.delete(watcher);
+        resolve(args);
+      };
+      this.watchers.add(watcher);
+    });
+  }
+
+  since(index: number): Line[] {
+    return this.lines.slice(index);
+  }
+
+  /** The commands from `index` up to now (synced first, so none still on its way is missed). */
+  async window(index: number): Promise<Line[]> {
+    const end = await this.sync();
+    return this.lines.slice(index, end - 1);
+  }
+
+  stop(): void {
+    this.watchers.clear();
+    this.conn.disconnect();
+    this.base.disconnect();
+  }
+}
+
+async function numsub(redis: Redis, channel: string): Promise<number> {
+  const reply = (await redis.call('PUBSUB', 'NUMSUB', channel)) as [string, number];
+  return Number(reply[1]);
+}
+
+/** CLIENT LIST, one record of fields per connection. */
+async function clientList(redis: Redis): Promise<Record<string, string>[]> {
+  const list = (await redis.call('CLIENT', 'LIST')) as string;
+  return list
+    .split('\n')
+    .filter((line) => line.trim().length > 0)
+    .map((line) =>
+      Object.fromEntries(
+        line
+          .trim()
+          .split(' ')
+          .map((field) => field.split('=', 2) as [string, string]),
+      ),
+    );
+}
+
+async function rejection(promise: Promise<unknown>): Promise<unknown> {
+  return promise.then(
+    () => {
+      throw new Error('expected a rejection');
+    },
+    (error: unknown) => error,
+  );
+}
+
+@Injectable()
+class Decorated {
+  @DisLock({ key: 'decorated:{0}', waitTime: 10_000, lockWatchdogTimeout: 20_000 })
+  async run(_id: string): Promise<number> {
+    return performance.now();
+  }
+}
+
+describe('waiting without polling, and the batched watchdog', () => {
+  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  const log = jest.spyOn(Logger.prototype, 'log').mockImplementation(() => undefined);
+
+  let server: RedisServer;
+  let redis: Redis;
+  let mon: Monitor;
+  /** Two applications on this Redis with the same prefix: two LockServices competing for the same keys. */
+  let a: TestApp;
+  let b: TestApp;
+  let seq = 0;
+  const fresh = (label: string): string => `${label}-${(seq += 1)}`;
+  const key = (name: string): string => PREFIX + name;
+  const subscribers = (name: string): Promise<number> => numsub(redis, key(name));
+  /** The subscription for `name` is gone (PUBSUB NUMSUB 0); UNSUBSCRIBE may take a round trip. */
+  const unsubscribed = (name: string): Promise<boolean> =>
+    eventually(async () => (await subscribers(name)) === 0, 1_000);
+
+  /**
+   * The first waiter for `name` has done what the spec says it does before it sleeps: failed,
+   * subscribed (NUMSUB 1), and retried once (2 acquire attempts since `from`).
+   */
+  const asleep = (name: string, from: number): Promise<boolean> =>
+    eventually(
+      async () => (await subscribers(name)) === 1 && calls(mon.since(from), ACQUIRE_SCRIPT, key(name)).length >= 2,
+      2_000,
+    );
+
+  beforeAll(async () => {
+    server = await RedisServer.start();
+    redis = server.client();
+    // Scripts loaded up front: MONITOR then sees one EVALSHA per script call, never a NOSCRIPT + EVAL pair.
+    for (const script of [ACQUIRE_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT]) await redis.script('LOAD', script.source);
+    mon = await Monitor.start(server, redis);
+    a = await createTestApp([Decorated], { redis: server.url, keyPrefix: PREFIX });
+    b = await createTestApp([], { redis: server.url, keyPrefix: PREFIX });
+  });
+
+  afterAll(async () => {
+    await a?.close();
+    await b?.close();
+    mon?.stop();
+    redis?.disconnect();
+    await server?.dispose();
+    warn.mockRestore();
+    log.mockRestore();
+  });
+
+  describe('the release message', () => {
+    it('a release that deletes the key publishes on the channel named like the key; a count-down and an expiry do not', async () => {
+      const name = fresh('published');
+      const listener = redis.duplicate();
+      const messages: { channel: string; message: string }[] = [];
+      listener.on('message', (channel: string, message: string) => messages.push({ channel, message }));
+      try {
+        await listener.subscribe(key(name));
+        const fromA = await a.locks.lock(name, { lockWatchdogTimeout: 2_000 });
+        expect(await fromA.release()).toBe(true);
+        expect(await eventually(() => messages.length === 1, 1_000)).toBe(true);
+        await b.locks.withLock(
+          name,
+          async () => {
+            await b.locks.withLock(name, () => undefined); // re-entered, then counted down: still held
+            await sleep(50);
+            expect(messages).toHaveLength(1);
+          },
+          { lockWatchdogTimeout: 2_000 },
+        );
+        expect(await eventually(() => messages.length === 2, 1_000)).toBe(true);
+
+        // An expiry is not announced.
+        await a.locks.lock(name, { expire: 100 });
+        expect(await eventually(async () => (await redis.exists(key(name))) === 0, 1_000)).toBe(true);
+        await sleep(50);
+
+        expect(messages.map((m) => m.channel)).toEqual([key(name), key(name)]);
+        const [first, second] = messages.map((m) => m.message);
+        expect(first.length).toBeGreaterThan(0);
+        expect(second.length).toBeGreaterThan(0);
+        expect(first).not.toBe(second); // the payload says which LockService's store released
+      } finally {
+        listener.disconnect();
+      }
+    });
+  });
+
+  describe('waking up', () => {
+    it('a waiter behind a 20 s holder of the same LockService acquires right after the release, with a bounded number of attempts', async () => {
+      const name = fresh('local-wake');
+      const holder = await a.locks.lock(name, LONG);
+      const from = await mon.sync();
+      const waiting = a.locks.tryLock(name, WAIT);
+      expect(await asleep(name, from)).toBe(true);
+      await sleep(1_000); // held for 1 s while the waiter waits
+
+      const releasedAt = performance.now();
+      expect(await holder.release()).toBe(true);
+      const waiter = await waiting;
+      const latency = performance.now() - releasedAt;
+      expect(waiter).not.toBeNull();
+      expect(latency).toBeLessThan(WAKE_MS);
+      expect(await redis.hgetall(key(name))).toEqual({ [(waiter as LockHandle).owner]: '1' });
+
+      const lines = await mon.window(from);
+      const releaseAt = lines.findIndex((args) => isCall(args, RELEASE_SCRIPT) && keysOf(args).includes(key(name)));
+      expect(releaseAt).toBeGreaterThan(0);
+      const before = calls(lines.slice(0, releaseAt), ACQUIRE_SCRIPT, key(name)).length;
+      const after = calls(lines.slice(releaseAt), ACQUIRE_SCRIPT, key(name)).length;
+      expect(before).toBeGreaterThanOrEqual(2); // tried, subscribed, retried once
+      expect(before).toBeLessThanOrEqual(4); // then slept: no polling during the 1 s hold
+      expect(after).toBe(1); // woken once, took it
+
+      await (waiter as LockHandle).release();
+      expect(await unsubscribed(name)).toBe(true);
+    });
+
+    it('a waiter in another application is woken by the release message of the holder', async () => {
+      const name = fresh('remote-wake');
+      const holder = await b.locks.lock(name, LONG);
+      const from = await mon.sync();
+      const waiting = a.locks.tryLock(name, WAIT);
+      expect(await asleep(name, from)).toBe(true);
+      await sleep(1_000);
+
+      const releasedAt = performance.now();
+      expect(await holder.release()).toBe(true);
+      const waiter = await waiting;
+      const latency = performance.now() - releasedAt;
+      expect(waiter).not.toBeNull();
+      expect(latency).toBeLessThan(WAKE_MS);
+
+      const lines = await mon.window(from);
+      const releaseAt = lines.findIndex((args) => isCall(args, RELEASE_SCRIPT) && keysOf(args).includes(key(name)));
+      expect(releaseAt).toBeGreaterThan(0);
+      const before = calls(lines.slice(0, releaseAt), ACQUIRE_SCRIPT, key(name)).length;
+      expect(before).toBeGreaterThanOrEqual(2);
+      expect(before).toBeLessThanOrEqual(4);
+      expect(calls(lines.slice(releaseAt), ACQUIRE_SCRIPT, key(name))).toHaveLength(1);
+
+      await (waiter as LockHandle).release();
+      expect(await unsubscribed(name)).toBe(true);
+    });
+
+    it('a @DisLock method with waitTime is woken by the release message too', async () => {
+      const holder = await b.locks.lock(`decorated:${(seq += 1)}`, LONG);
+      const id = holder.name.slice('decorated:'.length);
+      const from = await mon.sync();
+      const running = a.get(Decorated).run(id);
+      expect(await asleep(holder.name, from)).toBe(true);
+      await sleep(300);
+
+      const releasedAt = performance.now();
+      await holder.release();
+      const ranAt = await running;
+      expect(ranAt - releasedAt).toBeLessThan(WAKE_MS);
+      expect(ranAt).toBeGreaterThan(releasedAt); // it ran only after the release
+      const attempts = calls(await mon.window(from), ACQUIRE_SCRIPT, holder.key);
+      expect(attempts.length).toBeGreaterThanOrEqual(3);
+      expect(attempts.length).toBeLessThanOrEqual(4);
+      expect(await redis.exists(holder.key)).toBe(0);
+      expect(await unsubscribed(holder.name)).toBe(true);
+    });
+
+    it('an expiry is not announced: the waiter wakes when the holder PTTL it was told runs out, without polling', async () => {
+      const name = fresh('expiry');
+      await b.locks.lock(name, { expire: 400 }); // never released: it expires
+      const from = await mon.sync();
+      const outcome = await settle(a.locks.tryLock(name, WAIT));
+      expect(outcome.ok).toBe(true);
+      const waiter = outcome.ok ? outcome.value : null;
+      expect(waiter).not.toBeNull();
+      expect(outcome.ms).toBeGreaterThanOrEqual(300);
+      expect(outcome.ms).toBeLessThan(400 + WAKE_MS);
+      const attempts = calls(await mon.window(from), ACQUIRE_SCRIPT, key(name));
+      expect(attempts.length).toBeGreaterThanOrEqual(3); // tried, retried once, tried again at the end of the lease
+      expect(attempts.length).toBeLessThanOrEqual(4);
+      await waiter?.release();
+      expect(await unsubscribed(name)).toBe(true);
+    });
+
+    it('no lost wake-up: a release racing the waiter between its failed try and its subscription is never missed', async () => {
+      // The release lands at the waiter's first failed attempt, at its SUBSCRIBE, or a few ms in:
+      // every point of the window in which a wake-up could be lost. The holder's lease is 20 s and
+      // the waiter's waitTime 3 s, so a missed release shows as a null or a slow acquisition.
+      const triggers = ['first-attempt', 'subscribe', 0, 1, 2, 4] as const;
+      for (let round = 0; round < 12; round += 1) {
+        const name = fresh('race');
+        const trigger = triggers[round % triggers.length];
+        const holderApp = round % 4 < 2 ? b : a;
+        const holder = await holderApp.locks.lock(name, LONG);
+        await mon.sync(); // the holder's own acquire is not what the trigger waits for
+        const trigger$ =
+          trigger === 'first-attempt'
+            ? mon.next((args) => isCall(args, ACQUIRE_SCRIPT) && keysOf(args).includes(key(name)))
+            : trigger === 'subscribe'
+              ? mon.next((args) => /^(subscribe|ssubscribe)$/i.test(args[0] ?? '') && args.includes(key(name)))
+              : sleep(trigger);
+        const at = Promise.race([trigger$, sleep(2_000)]);
+        const startedAt = performance.now();
+        const waiting = settle(a.locks.tryLock(name, { waitTime: 3_000, lockWatchdogTimeout: 5_000 }));
+        await at;
+        await holder.release();
+        const outcome = await waiting;
+        expect({ round, trigger, ok: outcome.ok }).toEqual({ round, trigger, ok: true });
+        const waiter = outcome.ok ? outcome.value : null;
+        expect({ round, trigger, acquired: waiter !== null }).toEqual({ round, trigger, acquired: true });
+        expect(performance.now() - startedAt).toBeLessThan(1_000);
+        await waiter?.release();
+        expect(await unsubscribed(name)).toBe(true);
+      }
+    });
+  });
+
+  describe('local waiters queue', () => {
+    it.each([
+      ['the same application', () => a],
+      ['another application', () => b],
+    ])(
+      '5 waiters get the lock in the order they came (holder in %s); newcomers do not try first',
+      async (_, holderApp) => {
+        const name = fresh('fifo');
+        const holder = await holderApp().locks.lock(name, LONG);
+        const from = await mon.sync();
+        const order: number[] = [];
+        const run = (i: number): Promise<void> =>
+          a.locks.withLock(
+            name,
+            async () => {
+              order.push(i);
+              await sleep(5);
+            },
+            WAIT,
+          );
+        const waiters = [run(0)];
+        expect(await asleep(name, from)).toBe(true);
+        for (let i = 1; i < 5; i += 1) {
+          waiters.push(run(i));
+          await sleep(10); // arrival order is the point, not timing
+        }
+        const queued = calls(await mon.window(from), ACQUIRE_SCRIPT, key(name));
+        // The first waiter tried and retried once; the 4 that found it queued joined the tail without trying.
+        expect(queued.length).toBeGreaterThanOrEqual(2);
+        expect(queued.length).toBeLessThanOrEqual(3);
+
+        await holder.release();
+        await Promise.all(waiters);
+        expect(order).toEqual([0, 1, 2, 3, 4]);
+        expect(await redis.exists(key(name))).toBe(0);
+        expect(await unsubscribed(name)).toBe(true);
+      },
+    );
+
+    it.each([
+      ['the same application', () => a],
+      ['another application', () => b],
+    ])(
+      'no thundering herd: 10 waiters, one release (holder in %s), about one acquire attempt',
+      async (_, holderApp) => {
+        const name = fresh('herd');
+        const holder = await holderApp().locks.lock(name, LONG);
+        const from = await mon.sync();
+        const waiters = [a.locks.tryLock(name, WAIT)];
+        expect(await asleep(name, from)).toBe(true);
+        for (let i = 1; i < 10; i += 1) waiters.push(a.locks.tryLock(name, WAIT));
+        await sleep(50); // all 10 queued
+
+        const releaseFrom = await mon.sync();
+        await holder.release();
+        const head = await waiters[0];
+        expect(head).not.toBeNull();
+        await sleep(200); // the other 9 stay asleep: nothing is free
+        const lines = await mon.window(releaseFrom);
+        const attempts = calls(lines, ACQUIRE_SCRIPT, key(name));
+        expect(attempts.length).toBeGreaterThanOrEqual(1);
+        expect(attempts.length).toBeLessThanOrEqual(2);
+        expect(await redis.hgetall(key(name))).toEqual({ [(head as LockHandle).owner]: '1' });
+        expect(await subscribers(name)).toBe(1); // 9 still wait, on one subscription
+
+        // The rest follow in order, each woken by the release before it.
+        let previous = head as LockHandle;
+        for (let i = 1; i < 10; i += 1) {
+          await previous.release();
+          const next = await waiters[i];
+          expect({ i, acquired: next !== null }).toEqual({ i, acquired: true });
+          previous = next as LockHandle;
+        }
+        await previous.release();
+        expect(await unsubscribed(name)).toBe(true);
+      },
+    );
+  });
+
+  describe('AbortSignal', () => {
+    it('aborting a waiting tryLock resolves null at once; no key is taken and the subscription goes', async () => {
+      const name = fresh('abort-try');
+      const holder = await b.locks.lock(name, LONG);
+      const from = await mon.sync();
+      const controller = new AbortController();
+      const waiting = a.locks.tryLock(name, { ...WAIT, signal: controller.signal });
+      expect(await asleep(name, from)).toBe(true);
+
+      const abortedAt = performance.now();
+      controller.abort(new Error('no longer needed'));
+      expect(await waiting).toBeNull();
+      expect(performance.now() - abortedAt).toBeLessThan(100);
+      expect(await unsubscribed(name)).toBe(true);
+      expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
+
+      await holder.release();
+      // The aborted waiter does not come back for it.
+      expect(await eventually(async () => (await redis.exists(key(name))) === 1, 300)).toBe(false);
+    });
+
+    it('aborting a waiting lock or withLock rejects with signal.reason; fn never runs', async () => {
+      const name = fresh('abort-lock');
+      const holder = await b.locks.lock(name, LONG);
+      const from = await mon.sync();
+      const first = new AbortController();
+      const second = new AbortController();
+      const fn = jest.fn();
+      const locking = rejection(a.locks.lock(name, { ...WAIT, signal: first.signal }));
+      const withLocking = rejection(a.locks.withLock(name, fn, { ...WAIT, signal: second.signal }));
+      expect(await asleep(name, from)).toBe(true);
+
+      const reason = new Error('cancelled by the caller');
+      first.abort(reason);
+      expect(await locking).toBe(reason);
+      second.abort(); // no reason given: an AbortError DOMException, as fetch rejects with
+      const error = await withLocking;
+      expect(error).toBe(second.signal.reason);
+      expect((error as Error).name).toBe('AbortError');
+      expect(fn).not.toHaveBeenCalled();
+      expect(await unsubscribed(name)).toBe(true);
+      expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
+      await holder.release();
+      expect(await eventually(async () => (await redis.exists(key(name))) === 1, 300)).toBe(false);
+    });
+
+    it('aborting the head of the queue keeps the subscription for the next waiter, which the release wakes', async () => {
+      const name = fresh('abort-head');
+      const holder = await b.locks.lock(name, LONG);
+      const from = await mon.sync();
+      const controller = new AbortController();
+      const head = a.locks.tryLock(name, { ...WAIT, signal: controller.signal });
+      expect(await asleep(name, from)).toBe(true);
+      const next = a.locks.tryLock(name, WAIT);
+      await sleep(20);
+
+      controller.abort();
+      expect(await head).toBeNull();
+      // Still needed by `next`: the subscription stays.
+      expect(await eventually(async () => (await subscribers(name)) === 0, 200)).toBe(false);
+
+      const releasedAt = performance.now();
+      await holder.release();
+      const handle = await next;
+      expect(handle).not.toBeNull();
+      expect(performance.now() - releasedAt).toBeLessThan(WAKE_MS);
+      await (handle as LockHandle).release();
+      expect(await unsubscribed(name)).toBe(true);
+    });
+
+    it('an already-aborted signal fails at once without a single Redis command', async () => {
+      const name = fresh('pre-aborted');
+      const reason = new Error('aborted before the call');
+      const signal = AbortSignal.abort(reason);
+      const fn = jest.fn();
+      const from = await mon.sync();
+      const startedAt = performance.now();
+      // The lock is free: touching Redis would take it.
+      expect(await a.locks.tryLock(name, { waitTime: 1_000, signal })).toBeNull();
+      expect(await a.locks.tryLock(name, { signal })).toBeNull();
+      expect(await rejection(a.locks.lock(name, { waitTime: 1_000, signal }))).toBe(reason);
+      expect(await rejection(a.locks.withLock(name, fn, { waitTime: 1_000, signal }))).toBe(reason);
+      expect(performance.now() - startedAt).toBeLessThan(50);
+      expect(fn).not.toHaveBeenCalled();
+      const lines = await mon.window(from);
+      expect(lines.filter((args) => args.some((arg) => arg.includes(name)))).toEqual([]);
+      expect(await redis.exists(key(name))).toBe(0);
+    });
+  });
+
+  describe('the subscription lives only while someone waits', () => {
+    it.each(['acquired', 'timed out', 'aborted'] as const)(
+      'NUMSUB is 1 while one waiter waits and 0 once it has %s',
+      async (outcome) => {
+        const name = fresh(`numsub-${outcome.replace(' ', '-')}`);
+        const holder = await b.locks.lock(name, LONG);
+        const from = await mon.sync();
+        const controller = new AbortController();
+        const waiting = a.locks.tryLock(name, {
+          waitTime: outcome === 'timed out' ? 400 : 10_000,
+          lockWatchdogTimeout: 5_000,
+          signal: controller.signal,
+        });
+        expect(await asleep(name, from)).toBe(true);
+        expect(await subscribers(name)).toBe(1);
+
+        if (outcome === 'acquired') await holder.release();
+        if (outcome === 'aborted') controller.abort();
+        const handle = await waiting;
+        expect(handle === null).toBe(outcome !== 'acquired');
+        expect(await unsubscribed(name)).toBe(true);
+        await handle?.release();
+        await holder.release();
+      },
+    );
+
+    it('waitTime still bounds the wait: 300 ms behind a 20 s holder fails with LockNotAcquiredError, NUMSUB back to 0', async () => {
+      const name = fresh('bounded');
+      const holder = await b.locks.lock(name, LONG);
+      const from = await mon.sync();
+      const outcome = await settle(a.locks.lock(name, { waitTime: 300 }));
+      expect(outcome.ok).toBe(false);
+      const error = outcome.ok ? undefined : outcome.error;
+      expect(error).toBeInstanceOf(LockNotAcquiredError);
+      expect((error as LockNotAcquiredError).waitedMs).toBe(300);
+      expect(outcome.ms).toBeGreaterThanOrEqual(280);
+      expect(outcome.ms).toBeLessThan(1_000);
+      const attempts = calls(await mon.window(from), ACQUIRE_SCRIPT, key(name));
+      expect(attempts.length).toBeGreaterThanOrEqual(2);
+      expect(attempts.length).toBeLessThanOrEqual(4); // slept instead of polling
+      expect(await unsubscribed(name)).toBe(true);
+      expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
+      await holder.release();
+    });
+  });
+
+  describe('shutdown', () => {
+    it('ends the waits with a DisLockError and closes the subscriber connection (module-created client)', async () => {
+      const own = await RedisServer.start();
+      const probe = own.client();
+      const t = await createTestApp([], { redis: own.url, keyPrefix: PREFIX });
+      let closed = false;
+      try {
+        await t.locks.withLock('warm-up', () => undefined); // connected
+        const connections = async (): Promise<Record<string, string>[]> =>
+          (await clientList(probe)).filter((c) => c.name !== 'probe');
+        await probe.call('CLIENT', 'SETNAME', 'probe');
+        expect(await connections()).toHaveLength(1); // the subscriber is created lazily: none yet
+
+        await probe.multi().hset(`${PREFIX}busy-1`, 'other', '1').pexpire(`${PREFIX}busy-1`, 20_000).exec();
+        await probe.multi().hset(`${PREFIX}busy-2`, 'other', '1').pexpire(`${PREFIX}busy-2`, 20_000).exec();
+        const locking = settle(t.locks.lock('busy-1', WAIT));
+        const trying = settle(t.locks.tryLock('busy-2', WAIT));
+        expect(
+          await eventually(
+            async () =>
+              (await numsub(probe, `${PREFIX}busy-1`)) === 1 && (await numsub(probe, `${PREFIX}busy-2`)) === 1,
+          ),
+        ).toBe(true);
+        const subscriberConnections = (await connections()).filter((c) => Number(c.sub) > 0);
+        expect(subscriberConnections).toHaveLength(1); // one subscriber for both names
+        expect(Number(subscriberConnections[0].sub)).toBe(2);
+
+        const closingAt = performance.now();
+        await t.close();
+        closed = true;
+        expect(performance.now() - closingAt).toBeLessThan(2_000);
+        for (const outcome of [await locking, await trying]) {
+          expect(outcome.ok).toBe(false);
+          const error = outcome.ok ? undefined : outcome.error;
+          expect(error).toBeInstanceOf(DisLockError);
+          expect(error).not.toBeInstanceOf(LockNotAcquiredError);
+        }
+        expect(await eventually(async () => (await connections()).length === 0, 2_000)).toBe(true);
+        expect(await numsub(probe, `${PREFIX}busy-1`)).toBe(0);
+        expect(await numsub(probe, `${PREFIX}busy-2`)).toBe(0);
+        expect(await probe.hgetall(`${PREFIX}busy-1`)).toEqual({ other: '1' });
+      } finally {
+        if (!closed) await t.close();
+        probe.disconnect();
+        await own.dispose();
+      }
+    });
+
+    it('closes the subscriber it duplicated from a client the application passed in, and leaves that client open', async () => {
+      const own = await RedisServer.start();
+      const probe = own.client();
+      const mine = own.client();
+      const t = await createTestApp([], { redis: mine, keyPrefix: PREFIX });
+      let closed = false;
+      try {
+        await probe.call('CLIENT', 'SETNAME', 'probe');
+        await probe.multi().hset(`${PREFIX}busy`, 'other', '1').pexpire(`${PREFIX}busy`, 20_000).exec();
+        const waiting = settle(t.locks.tryLock('busy', WAIT));
+        expect(await eventually(async () => (await numsub(probe, `${PREFIX}busy`)) === 1)).toBe(true);
+        await t.close();
+        closed = true;
+        const outcome = await waiting;
+        expect(outcome.ok).toBe(false);
+        expect(outcome.ok ? undefined : outcome.error).toBeInstanceOf(DisLockError);
+        expect(
+          await eventually(
+            async () => (await clientList(probe)).filter((c) => c.name !== 'probe' && Number(c.sub) > 0).length === 0,
+            2_000,
+          ),
+        ).toBe(true);
+        expect(await numsub(probe, `${PREFIX}busy`)).toBe(0);
+        expect(await mine.ping()).toBe('PONG'); // the application's own client stays open
+      } finally {
+        if (!closed) await t.close();
+        mine.disconnect();
+        probe.disconnect();
+        await own.dispose();
+      }
+    });
+  });
+
+  describe('batched watchdog', () => {
+    it('one lost lock in a batch is reported alone; the others of the same batch stay renewed', async () => {
+      const names = Array.from({ length: 10 }, () => fresh('batch'));
+      const lost: LockLostEvent[] = [];
+      const onLockLost = (event: LockLostEvent): void => void lost.push(event);
+      const from = await mon.sync();
+      const handles = await Promise.all(
+        names.map((name) => a.locks.lock(name, { lockWatchdogTimeout: 600, onLockLost })),
+      );
+      const keys = handles.map((h) => h.key);
+      // A first renewal (every 200 ms) goes out for several of them in one call.
+      expect(
+        await eventually(
+          () =>
+            calls(mon.since(from), RENEW_SCRIPT).some(
+              (args) => keysOf(args).filter((k) => keys.includes(k)).length > 1,
+            ),
+          1_000,
+        ),
+      ).toBe(true);
+
+      const deleted = handles[3];
+      const taken = handles[6];
+      const lossFrom = await mon.sync();
+      await redis.del(deleted.key);
+      await redis.multi().del(taken.key).hset(taken.key, 'intruder', '1').pexpire(taken.key, 3_000).exec();
+      await mon.sync();
+      const changes = mon.since(lossFrom);
+      const deletedAt = changes.findIndex((args) => args[0]?.toLowerCase() === 'del' && args[1] === deleted.key);
+      const takenAt = changes.findIndex((args) => args[0]?.toLowerCase() === 'hset' && args[1] === taken.key);
+      expect(deletedAt).toBeGreaterThanOrEqual(0);
+      expect(takenAt).toBeGreaterThan(deletedAt);
+      expect(lostReason(await abortReason(deleted.signal, 1_500))).toBe('not-owner');
+      expect(lostReason(await abortReason(taken.signal, 1_500))).toBe('not-owner');
+      expect(deleted.signal.reason).toBeInstanceOf(LockLostError);
+      expect(lost.map((e) => e.name).sort()).toEqual([deleted.name, taken.name].sort());
+      expect(lost.every((e) => e.reason === 'not-owner')).toBe(true);
+
+      // The call that found the deleted lock gone renewed other locks in the same batch.
+      const finding = calls((await mon.window(lossFrom)).slice(deletedAt + 1), RENEW_SCRIPT, deleted.key)[0];
+      expect(finding).toBeDefined();
+      expect(keysOf(finding).filter((k) => keys.includes(k)).length).toBeGreaterThan(1);
+
+      const alive = handles.filter((h) => h !== deleted && h !== taken);
+      // Its PTTL goes back up: a sample above the one before it (a renewal came in between).
+      let last = await redis.pttl(alive[0].key);
+      const wentUp = await eventually(async () => {
+        const pttl = await redis.pttl(alive[0].key);
+        const up = pttl > last;
+        last = pttl;
+        return up;
+      }, 1_000);
+      expect(wentUp).toBe(true);
+      const intruderPttl = await redis.pttl(taken.key);
+      await sleep(700); // longer than the 600 ms lease: only renewal keeps them
+      for (const h of alive) {
+        expect({ name: h.name, aborted: h.signal.aborted }).toEqual({ name: h.name, aborted: false });
+        expect(await redis.hgetall(h.key)).toEqual({ [h.owner]: '1' });
+      }
+      expect(await redis.exists(deleted.key)).toBe(0); // never re-created
+      expect(await redis.hgetall(taken.key)).toEqual({ intruder: '1' });
+      expect(await redis.pttl(taken.key)).toBeLessThan(intruderPttl); // never renewed for the intruder
+      // Renewal stopped for the lost ones: after the call that found each one lost, no call names it.
+      const afterLoss = await mon.window(lossFrom);
+      for (const [lostKey, changedAt] of [
+        [deleted.key, deletedAt],
+        [taken.key, takenAt],
+      ] as const) {
+        const later = afterLoss.slice(changedAt + 1);
+        const found = later.findIndex((args) => isCall(args, RENEW_SCRIPT) && keysOf(args).includes(lostKey));
+        expect(found).toBeGreaterThanOrEqual(0);
+        expect(calls(later.slice(found + 1), RENEW_SCRIPT, lostKey)).toEqual([]);
+      }
+
+      await Promise.all(handles.map((h) => h.release()));
+      await redis.del(taken.key);
+    });
+
+    it('200 locks renewed every 100 ms take far fewer script calls than 200 x renewals; all stay alive; none is renewed after its release', async () => {
+      const n = 200;
+      const names = Array.from({ length: n }, () => fresh('many'));
+      const handles = await Promise.all(names.map((name) => a.locks.lock(name, { lockWatchdogTimeout: 300 })));
+      const keys = new Set(handles.map((h) => h.key));
+      await sleep(150);
+
+      const from = await mon.sync();
+      await sleep(1_000);
+      const window = await mon.window(from);
+      const renewCalls = calls(window, RENEW_SCRIPT).filter((args) => keysOf(args).some((k) => keys.has(k)));
+      const renewalsPerKey = new Map<string, number>();
+      for (const args of renewCalls) {
+        for (const k of keysOf(args)) if (keys.has(k)) renewalsPerKey.set(k, (renewalsPerKey.get(k) ?? 0) + 1);
+      }
+      // ~10 renewals of each of 200 locks, in fewer than 40 calls (one per lock would be ~2,000).
+      expect(renewCalls.length).toBeGreaterThan(0);
+      expect(renewCalls.length).toBeLessThan(n / 5);
+      expect(renewalsPerKey.size).toBe(n);
+      expect(Math.min(...renewalsPerKey.values())).toBeGreaterThanOrEqual(4);
+
+      const pipeline = redis.pipeline();
+      for (const h of handles) pipeline.hgetall(h.key).pttl(h.key);
+      const replies = ((await pipeline.exec()) ?? []).map(([, value]) => value);
+      handles.forEach((h, i) => {
+        expect({ name: h.name, aborted: h.signal.aborted }).toEqual({ name: h.name, aborted: false });
+        expect({ name: h.name, hash: replies[2 * i] }).toEqual({ name: h.name, hash: { [h.owner]: '1' } });
+        expect(replies[2 * i + 1] as number).toBeGreaterThan(0);
+      });
+
+      const releaseFrom = await mon.sync();
+      const released = await Promise.all(handles.map((h) => h.release()));
+      const notReleased = handles
+        .filter((_, i) => !released[i])
+        .map((h) => ({ name: h.name, lost: lostReason(h.signal.reason) }));
+      expect(notReleased).toEqual([]);
+      await sleep(350); // three renewal intervals
+      const after = await mon.window(releaseFrom);
+      const releasedAt = new Map<string, number>();
+      after.forEach((args, i) => {
+        if (isCall(args, RELEASE_SCRIPT)) for (const k of keysOf(args)) if (keys.has(k)) releasedAt.set(k, i);
+      });
+      expect(releasedAt.size).toBe(n);
+      const late = after.flatMap((args, i) =>
+        isCall(args, RENEW_SCRIPT)
+          ? keysOf(args).filter((k) => keys.has(k) && i > (releasedAt.get(k) ?? Infinity))
+          : [],
+      );
+      expect(late).toEqual([]);
+      expect(await redis.exists(...[...keys])).toBe(0);
+    });
+
+    it('maxRenewTimes still ends one lock of a batch with max-renewals; the others go on', async () => {
+      const capped = fresh('capped');
+      const others = Array.from({ length: 4 }, () => fresh('uncapped'));
+      const from = await mon.sync();
+      const startedAt = performance.now();
+      const [h, ...rest] = await Promise.all([
+        a.locks.lock(capped, { lockWatchdogTimeout: 300, maxRenewTimes: 2 }),
+        ...others.map((name) => a.locks.lock(name, { lockWatchdogTimeout: 300 })),
+      ]);
+      expect(lostReason(await abortReason(h.signal, 2_500))).toBe('max-renewals');
+      expect(performance.now() - startedAt).toBeGreaterThanOrEqual(450); // 2 renewals + a 300 ms lease
+      await sleep(100);
+      const renewals = calls(mon.since(from), RENEW_SCRIPT, h.key);
+      expect(renewals).toHaveLength(2);
+      expect(renewals.some((args) => keysOf(args).length > 1)).toBe(true); // renewed in a batch with others
+      for (const other of rest) {
+        expect(other.signal.aborted).toBe(false);
+        expect(await redis.hgetall(other.key)).toEqual({ [other.owner]: '1' });
+      }
+      expect(await redis.exists(h.key)).toBe(0);
+      await Promise.all(rest.map((other) => other.release()));
+    });
+
+    it('one scheduler: 50 held locks do not mean 50 timers', async () => {
+      const live = new Map<number, { timer: NodeJS.Timeout; stack: string }>();
+      const stackLimit = Error.stackTraceLimit;
+      Error.stackTraceLimit = 30;
+      const hook = createHook({
+        init(id, type, _trigger, resource) {
+          if (type === 'Timeout') live.set(id, { timer: resource as NodeJS.Timeout, stack: new Error().stack ?? '' });
+        },
+        destroy(id) {
+          live.delete(id);
+        },
+      }).enable();
+      let handles: LockHandle[] = [];
+      try {
+        for (let wave = 0; wave < 5; wave += 1) {
+          const names = Array.from({ length: 10 }, () => fresh('timers'));
+          handles = handles.concat(
+            await Promise.all(names.map((name) => a.locks.lock(name, { lockWatchdogTimeout: 3_000 }))),
+          );
+          await sleep(15);
+        }
+        const fromLib = [...live.values()].filter(
+          ({ timer, stack }) =>
+            !(timer as unknown as { _destroyed?: boolean })._destroyed &&
+            stack
+              .split('\n')
+              .some((frame) => !frame.includes('node_modules') && /[\\/]lib[\\/][\w./-]+\.ts/.test(frame)),
+        );
+        expect(fromLib.length).toBeGreaterThanOrEqual(1); // the scheduler's own timer: the filter does see lib/
+        expect(fromLib.length).toBeLessThan(10);
+      } finally {
+        hook.disable();
+        Error.stackTraceLimit = stackLimit;
+        await Promise.all(handles.map((h) => h.release()));
+      }
+    });
+  });
+});
