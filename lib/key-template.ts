@@ -1,3 +1,4 @@
+import { describeError } from './describe-error';
 import { InvalidLockOptionsError, KeyResolutionError } from './errors';
 import { MAX_LOCK_NAME_LENGTH, type LockKey } from './dislock.options';
 
@@ -115,7 +116,7 @@ function walk(template: string, part: Exclude<Part, string>, args: readonly unkn
       // An own getter or a Proxy trap that throws.
       throw new KeyResolutionError(
         template,
-        `Lock key "${template}": reading {${part.source}} threw: ${error instanceof Error ? error.message : String(error)}`,
+        `Lock key "${template}": reading {${part.source}} threw: ${describeError(error)}`,
         { cause: error },
       );
     }
@@ -152,7 +153,7 @@ export function compileKey(key: LockKey): KeyResolver {
       try {
         name = (key as (...a: readonly unknown[]) => unknown)(...args);
       } catch (error) {
-        throw new KeyResolutionError(label, `Lock key function threw: ${(error as Error)?.message ?? String(error)}`, {
+        throw new KeyResolutionError(label, `Lock key function threw: ${describeError(error)}`, {
           cause: error,
         });
       }

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { describeError } from './describe-error';
 import { type BeforeApplicationShutdown, Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
 import {
   type LockOptions,
@@ -28,10 +29,6 @@ const now = (): number => performance.now();
 
 function newOwnerId(): string {
   return randomBytes(16).toString('hex');
-}
-
-function describeError(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }
 
 function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
@@ -167,6 +164,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       // Owner-checked: even for a lock known to be lost this only ever drops this owner's own hold.
       result = await this.store.release(lock.key, lock.owner);
     } catch (error) {
+      if (wasLost) return false; // already reported; its hold, if Redis still has one, expires on its own
       throw new RedisUnavailableError(
         'release',
         lock.name,
@@ -452,6 +450,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       let tryNow = !queue.heldLocally && giveWay === 0;
       queue.heldLocally = false;
       for (let attempt = 0; ; attempt += 1) {
+        this.assertOpen(name); // shutdown may have ended the wait while it was subscribing
         if (stop.signal.aborted) return null;
         if (tryNow) {
           const result = await this.attempt(name, key, options, keepOnShutdown);

@@ -141,6 +141,16 @@ function isRedisConnection(value: unknown): value is DisLockModuleOptions['redis
   return proto === Object.prototype || proto === null;
 }
 
+/**
+ * Redis Cluster hashes the text between a key's first "{" and the first "}" after it. A prefix
+ * with a "{" must close a non-empty tag itself: otherwise the tag would depend on the lock name,
+ * and the fencing counter (`${keyPrefix}#fence:{tag}`) could not be put in the lock's slot.
+ */
+function hashTagSafe(prefix: string): boolean {
+  const open = prefix.indexOf('{');
+  return open === -1 || prefix.indexOf('}', open + 1) > open + 1;
+}
+
 /** Validates `DisLockModule.forRoot` options and applies the module defaults. */
 export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
   const where = 'DisLockModule';
@@ -153,6 +163,14 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
   }
   if (input.keyPrefix !== undefined && typeof input.keyPrefix !== 'string') {
     fail(where, 'keyPrefix', input.keyPrefix, 'a string');
+  }
+  if (input.keyPrefix !== undefined && !hashTagSafe(input.keyPrefix)) {
+    fail(
+      where,
+      'keyPrefix',
+      input.keyPrefix,
+      'a prefix whose first "{" opens a non-empty hash tag closed by "}" (like "{app}:lock:"), or that has no "{"',
+    );
   }
   const timing = checkTiming(where, rest);
   if (timing.expire !== undefined) {

@@ -1,12 +1,11 @@
 import type { Logger } from '@nestjs/common';
+import { describeError } from './describe-error';
 import { DueHeap } from './due-heap';
 import type { LockLostReason } from './errors';
 import type { HeldLock } from './lock-handle';
 import type { LockStore } from './store/lock-store.interface';
 
 const now = (): number => performance.now();
-
-const describe = (error: unknown): string => (error instanceof Error ? error.message : String(error));
 
 /** Renewals due within this many ms (at most a quarter of a lock's interval) go out with the batch at hand. */
 const BATCH_WINDOW_MS = 50;
@@ -121,7 +120,7 @@ export class Watchdog {
   }
 
   private report(error: unknown): void {
-    this.logger.error(`Lock watchdog failed unexpectedly: ${String(error)}`);
+    this.logger.error(`Lock watchdog failed unexpectedly: ${describeError(error)}`);
   }
 
   private leaseEnded(lock: HeldLock, due: Exclude<WatchdogDue, 'renew'>): void {
@@ -130,7 +129,7 @@ export class Watchdog {
     } else if (due === 'max-renewals') {
       this.lose(lock, due, `renewal stopped at maxRenewTimes (${lock.options.maxRenewTimes}) and the lease ran out`);
     } else {
-      const why = lock.lastError === undefined ? 'no answer' : describe(lock.lastError);
+      const why = lock.lastError === undefined ? 'no answer' : describeError(lock.lastError);
       this.lose(lock, due, `its lease ran out before Redis confirmed a renewal (${why})`, lock.lastError);
     }
   }

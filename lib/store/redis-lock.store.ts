@@ -27,8 +27,11 @@ const MAX_RENEW_BATCH = 500;
 
 /** Thrown by the store when Redis does not answer within `operationTimeout`. */
 export class StoreTimeoutError extends Error {
-  constructor(timeoutMs: number) {
-    super(`Redis did not answer within ${timeoutMs} ms`);
+  constructor(timeoutMs: number, connectionError?: Error) {
+    super(
+      `Redis did not answer within ${timeoutMs} ms` +
+        (connectionError ? ` (the connection is down: ${connectionError.message})` : ''),
+    );
     this.name = 'StoreTimeoutError';
   }
 }
@@ -42,6 +45,8 @@ export class RedisLockStore implements LockStore {
   private readonly id = randomBytes(8).toString('hex');
   private readonly releases: ReleaseSubscriber;
   private readonly cluster: boolean;
+  /** Why a client this store created last failed to connect, until it is ready again. */
+  private connectionError: Error | undefined;
 
   constructor(
     private readonly client: RedisClient,
@@ -53,6 +58,12 @@ export class RedisLockStore implements LockStore {
     slotTag(0); // build the slot table now rather than on the first acquisition
     this.releases = new ReleaseSubscriber(client, this.id, operationTimeout);
     this.cluster = (client as { isCluster?: boolean }).isCluster === true;
+    if (owned) {
+      // A timed-out operation then says why (a wrong password, a bad certificate) instead of only
+      // that nothing answered. An application's own client is left without extra listeners.
+      client.on('error', (error: Error) => (this.connectionError = error));
+      client.on('ready', () => (this.connectionError = undefined));
+    }
   }
 
   async acquire(key: string, owner: string, leaseMs: number, reenter = false): Promise<AcquireResult> {
@@ -142,7 +153,10 @@ export class RedisLockStore implements LockStore {
   private bounded<T>(operation: Promise<T>): Promise<T> {
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new StoreTimeoutError(this.operationTimeout)), this.operationTimeout);
+      timer = setTimeout(
+        () => reject(new StoreTimeoutError(this.operationTimeout, this.connectionError)),
+        this.operationTimeout,
+      );
     });
     return Promise.race([operation, timeout]).finally(() => clearTimeout(timer));
   }
