@@ -3,7 +3,18 @@ import eslint from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist', 'coverage', 'node_modules', 'sample-app/dist', 'bench/dist', 'bench/results', '**/*.js', '**/*.mjs'] },
+  {
+    ignores: [
+      'dist',
+      'coverage',
+      'node_modules',
+      'sample-app/dist',
+      'bench/dist',
+      'bench/results',
+      '**/*.js',
+      '**/*.mjs',
+    ],
+  },
   eslint.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {
