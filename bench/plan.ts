@@ -1,0 +1,112 @@
+import type { CellSpec, ContenderId, Group } from './support/protocol';
+
+export interface Timing {
+  readonly warmupMs: number;
+  readonly measureMs: number;
+}
+
+export interface Profile {
+  readonly name: 'full' | 'quick';
+  readonly repeats: number;
+  readonly timing: Record<Group, Timing>;
+}
+
+export const FULL: Profile = {
+  name: 'full',
+  repeats: 3,
+  timing: {
+    uncontended: { warmupMs: 1_000, measureMs: 3_000 },
+    contended: { warmupMs: 1_000, measureMs: 3_000 },
+    // The warm-up of a renewal cell is taking the locks; the window is how long they are held.
+    renewal: { warmupMs: 0, measureMs: 10_000 },
+    // autocannon runs whole seconds.
+    http: { warmupMs: 1_000, measureMs: 4_000 },
+  },
+};
+
+export const QUICK: Profile = {
+  name: 'quick',
+  repeats: 1,
+  timing: {
+    uncontended: { warmupMs: 300, measureMs: 1_000 },
+    contended: { warmupMs: 300, measureMs: 1_500 },
+    renewal: { warmupMs: 0, measureMs: 3_000 },
+    http: { warmupMs: 1_000, measureMs: 2_000 },
+  },
+};
+
+/** The baseline each cell's ratios are taken against (same group, same parameters). */
+export const BASELINE: Record<Group, ContenderId> = {
+  uncontended: 'raw',
+  contended: 'raw-poll-1ms',
+  renewal: 'redis-semaphore',
+  http: 'dislock-service',
+};
+
+export const UNCONTENDED_CONCURRENCY = [1, 64] as const;
+export const CONTENDED_WORKERS = 16;
+export const CONTENDED_HOLD_MS = 1;
+export const CONTENDED_THINK_MS = [0, 2] as const;
+/** [processes, workers per process] */
+export const CONTENDED_LAYOUTS = [
+  [1, 16],
+  [4, 4],
+] as const;
+export const RENEWAL_LOCKS = [1_000, 10_000] as const;
+export const HTTP_CONNECTIONS = 10;
+
+const LOCKERS: readonly ContenderId[] = ['dislock-service', 'dislock-decorator', 'redlock', 'redis-semaphore'];
+
+function cell(group: Group, contender: ContenderId, name: string, timing: Timing, rest: Partial<CellSpec>): CellSpec {
+  return {
+    id: `${group}/${contender}${name ? `/${name}` : ''}`,
+    group,
+    contender,
+    processes: 1,
+    workers: 1,
+    holdMs: 0,
+    thinkMs: 0,
+    locks: 0,
+    ...timing,
+    ...rest,
+  };
+}
+
+/** Every cell of the matrix, in the order they run within one repeat (the baseline first in each block). */
+export function plan(profile: Profile): CellSpec[] {
+  const cells: CellSpec[] = [];
+  const { timing } = profile;
+  for (const concurrency of UNCONTENDED_CONCURRENCY) {
+    for (const contender of ['raw', ...LOCKERS] as const) {
+      cells.push(cell('uncontended', contender, `c${concurrency}`, timing.uncontended, { workers: concurrency }));
+    }
+  }
+  for (const [processes, workers] of CONTENDED_LAYOUTS) {
+    for (const thinkMs of CONTENDED_THINK_MS) {
+      for (const contender of ['raw-poll-1ms', ...LOCKERS] as const) {
+        cells.push(
+          cell('contended', contender, `${processes}x${workers}/think${thinkMs}`, timing.contended, {
+            processes,
+            workers,
+            holdMs: CONTENDED_HOLD_MS,
+            thinkMs,
+          }),
+        );
+      }
+    }
+  }
+  for (const locks of RENEWAL_LOCKS) {
+    for (const contender of ['redis-semaphore', 'dislock-service'] as const) {
+      cells.push(cell('renewal', contender, String(locks), timing.renewal, { locks }));
+    }
+  }
+  for (const contender of ['no-lock', 'dislock-service', 'dislock-decorator'] as const) {
+    cells.push(cell('http', contender, '', timing.http, { workers: HTTP_CONNECTIONS }));
+  }
+  return cells;
+}
+
+/** The id of the baseline cell for `spec` (itself when it is the baseline). */
+export function baselineId(spec: CellSpec): string {
+  return spec.id.replace(`${spec.group}/${spec.contender}`, `${spec.group}/${BASELINE[spec.group]}`);
+}

@@ -1,0 +1,42 @@
+/** What the orchestrator (run.ts) and each cell's child processes (cell.ts) say to each other. */
+
+export type Group = 'uncontended' | 'contended' | 'renewal' | 'http';
+
+export const GROUPS: readonly Group[] = ['uncontended', 'contended', 'renewal', 'http'];
+
+export type ContenderId =
+  'raw' | 'raw-poll-1ms' | 'dislock-service' | 'dislock-decorator' | 'redlock' | 'redis-semaphore' | 'no-lock';
+
+/** One cell of the matrix: one contender under one set of parameters, run in fresh processes. */
+export interface CellSpec {
+  /** Stable name, e.g. `contended/dislock-service/4x4/think0`. */
+  readonly id: string;
+  readonly group: Group;
+  readonly contender: ContenderId;
+  /** Child processes running the cell at the same time (4 for the 4 x 4 variant, else 1). */
+  readonly processes: number;
+  /** Concurrent loops per process (uncontended: concurrency; contended: workers; http: connections). */
+  readonly workers: number;
+  /** contended: critical section length (a real await). */
+  readonly holdMs: number;
+  /** contended: pause between a worker's release and its next attempt. */
+  readonly thinkMs: number;
+  /** renewal: locks held at once. */
+  readonly locks: number;
+  readonly warmupMs: number;
+  /** The measuring window (renewal: how long the locks are held). */
+  readonly measureMs: number;
+}
+
+export type ParentMessage =
+  | { readonly type: 'setup'; readonly spec: CellSpec; readonly rank: number; readonly redisUrl: string }
+  /** `t0`: the `hr()` time at which the warm-up starts, the same for every process of the cell. */
+  | { readonly type: 'go'; readonly t0: number };
+
+export type ChildMessage =
+  | { readonly type: 'ready' }
+  | { readonly type: 'result'; readonly part: unknown }
+  | { readonly type: 'failed'; readonly error: string };
+
+/** A flat set of numbers per run; medians over repeats are taken field by field. */
+export type Metrics = Record<string, number>;
