@@ -1,6 +1,6 @@
 import { Inject } from '@nestjs/common';
 import { PROPERTY_DEPS_METADATA } from '@nestjs/common/constants';
-import { lastValueFrom, type Observable, throwError } from 'rxjs';
+import { type Observable, throwError } from 'rxjs';
 import { DISLOCK_METADATA } from './dislock.constants';
 import { DisLockInterceptor, type LockedMethodSpec } from './dislock.interceptor';
 import { DISLOCK_INTERCEPTOR_PROPERTY } from './dislock.internal-constants';
@@ -86,8 +86,8 @@ export function DisLock(optionsOrKey: DisLockOptions | LockKey): MethodDecorator
         );
         return returnsObservable ? throwError(() => error) : Promise.reject(error);
       }
-      const result = interceptor.intercept(spec, () => method.apply(this, args), args);
-      return returnsObservable ? result : lastValueFrom(result, { defaultValue: undefined });
+      const invoke = (): unknown => method.apply(this, args);
+      return returnsObservable ? interceptor.intercept(spec, invoke, args) : interceptor.run(spec, invoke, args);
     };
     copyIdentity(method, locked);
     const previous = (Reflect.getOwnMetadata(DISLOCK_METADATA, method) ?? []) as DisLockOptions[];

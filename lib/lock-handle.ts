@@ -76,7 +76,7 @@ export class HeldLock implements Scheduled {
   heapIndex = -1;
   /** The last renewal error, kept to explain a lease that ran out while Redis was unreachable. */
   lastError: unknown;
-  readonly controller = new AbortController();
+  private abortController: AbortController | undefined;
 
   constructor(
     readonly name: string,
@@ -89,6 +89,11 @@ export class HeldLock implements Scheduled {
     readonly keepOnShutdown: boolean,
   ) {
     this.leaseEndsAt = acquiredAt + this.leaseMs;
+  }
+
+  /** Made on first use: most locks are released without anyone reading their signal. */
+  get controller(): AbortController {
+    return (this.abortController ??= new AbortController());
   }
 
   /** Whether the watchdog renews this lock (no fixed `expire`). */

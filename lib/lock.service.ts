@@ -27,8 +27,23 @@ import { Watchdog } from './watchdog';
 
 const now = (): number => performance.now();
 
-function newOwnerId(): string {
-  return randomBytes(16).toString('hex');
+/**
+ * Random 128-bit owner ids, cut from a pool filled 256 ids at a time: one `randomBytes` call per
+ * acquisition cost a tenth of the CPU of an uncontended lock/release cycle.
+ */
+class OwnerIds {
+  private pool = Buffer.alloc(0);
+  private offset = 0;
+
+  next(): string {
+    if (this.offset === this.pool.length) {
+      this.pool = randomBytes(16 * 256);
+      this.offset = 0;
+    }
+    const id = this.pool.toString('hex', this.offset, this.offset + 16);
+    this.offset += 16;
+    return id;
+  }
 }
 
 function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
@@ -42,6 +57,7 @@ function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
 @Injectable()
 export class LockService implements BeforeApplicationShutdown, OnApplicationShutdown {
   private readonly logger = new Logger('DisLock');
+  private readonly ownerIds = new OwnerIds();
   private readonly scope = new LockScope();
   /** Locks this service holds and will release at shutdown; an entry lives only while held. */
   private readonly held = new Set<HeldLock>();
@@ -120,7 +136,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   // ---- used by the interceptor -------------------------------------------------------------
 
   /** @internal Acquire for a decorated method; rejects with `LockNotAcquiredError` when busy. */
-  async acquireFor(name: string, options: LockOptions, keepOnShutdown: boolean, cancel: AbortSignal): Promise<Handle> {
+  async acquireFor(name: string, options: LockOptions, keepOnShutdown: boolean, cancel?: AbortSignal): Promise<Handle> {
     const resolved = resolveLockOptions(this.options, options);
     const handle = await this.acquire(name, resolved, keepOnShutdown, cancel);
     if (!handle) throw new LockNotAcquiredError(name, resolved.waitTime);
@@ -376,7 +392,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
   ): Promise<Handle | number> {
-    const owner = newOwnerId();
+    const owner = this.ownerIds.next();
     const lease = leaseOf(options);
     const sentAt = now();
     const result = await this.send(name, () => this.store.acquire(key, owner, lease));

@@ -10,6 +10,12 @@ const now = (): number => performance.now();
 /** Renewals due within this many ms (at most a quarter of a lock's interval) go out with the batch at hand. */
 const BATCH_WINDOW_MS = 50;
 
+/**
+ * Renewals handled per timer callback, at most: more due at once (thousands of locks taken
+ * together) go out in the next callbacks, so that no single one blocks the event loop for long.
+ */
+const MAX_RENEWALS_PER_TICK = 500;
+
 /** What is due next for a lock the watchdog keeps. */
 export type WatchdogDue =
   /** Renew it (a watchdog lock, between renewals). */
@@ -100,7 +106,7 @@ export class Watchdog {
     try {
       const at = now();
       const batch: HeldLock[] = [];
-      for (let lock = this.schedule.peek(); lock; lock = this.schedule.peek()) {
+      for (let lock = this.schedule.peek(); lock && batch.length < MAX_RENEWALS_PER_TICK; lock = this.schedule.peek()) {
         const early = lock.due === 'renew' ? Math.min(BATCH_WINDOW_MS, this.interval(lock) / 4) : 0;
         if (lock.dueAt > at + early) break;
         this.schedule.pop();

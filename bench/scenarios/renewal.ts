@@ -9,6 +9,9 @@ import type { CellRun } from './cell-run';
 /** Lease kept alive by each contender's own renewal. */
 export const RENEWAL_LEASE_MS = 3_000;
 const ACQUIRE_CONCURRENCY = 256;
+/** Sampling interval of the event-loop delay histogram. */
+const ELD_RESOLUTION_MS = 1;
+
 /** Lease of the warm-up lock: renewed after 100 ms (nestjs-dislock) or 240 ms (redis-semaphore). */
 const WARM_LEASE_MS = 300;
 const ACQUIRE_TIMEOUT_MS = 60_000;
@@ -148,7 +151,8 @@ export async function setupRenewal(spec: CellSpec, _rank: number, redisUrl: stri
       });
       const acquireMs = hr() - acquireStart;
 
-      const delay = monitorEventLoopDelay({ resolution: 10 });
+      // The histogram records each timer interval, the resolution included: lag = value - resolution.
+      const delay = monitorEventLoopDelay({ resolution: ELD_RESOLUTION_MS });
       let rss = process.memoryUsage.rss();
       const rssTimer = setInterval(() => (rss = Math.max(rss, process.memoryUsage.rss())), 200);
       const cpu = cpuMicros();
@@ -180,8 +184,8 @@ export async function setupRenewal(spec: CellSpec, _rank: number, redisUrl: stri
           redisCpuPct: (100 * redis.redisCpuMs) / redis.ms,
           nodeCpuPct: (100 * cpuUs) / 1000 / wallMs,
           rssMb: rss / 2 ** 20,
-          eldP99Ms: delay.percentile(99) / 1e6,
-          eldMaxMs: delay.max / 1e6,
+          eldP99Ms: Math.max(0, delay.percentile(99) / 1e6 - ELD_RESOLUTION_MS),
+          eldMaxMs: Math.max(0, delay.max / 1e6 - ELD_RESOLUTION_MS),
           alive,
           lost,
           notTaken,

@@ -18,10 +18,13 @@ export const RELEASE_SCRIPT = new LuaScript(
   'release',
   `
 local key, owner = KEYS[1], ARGV[1]
-if redis.call('type', key).ok ~= 'hash' or redis.call('hexists', key, owner) == 0 then
+-- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here, not a failure
+local holds = redis.pcall('hget', key, owner)
+if type(holds) ~= 'string' then
   return 0
 end
-if ARGV[2] ~= '1' and redis.call('hincrby', key, owner, -1) > 0 then
+if ARGV[2] ~= '1' and tonumber(holds) > 1 then
+  redis.call('hincrby', key, owner, -1)
   return 2
 end
 redis.call('del', key)

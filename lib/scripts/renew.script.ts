@@ -16,7 +16,8 @@ export const RENEW_SCRIPT = new LuaScript(
 local renewed = {}
 for i, key in ipairs(KEYS) do
   local owner, lease = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
-  if redis.call('type', key).ok == 'hash' and redis.call('hexists', key, owner) == 1 then
+  -- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here
+  if redis.pcall('hexists', key, owner) == 1 then
     if redis.call('pttl', key) < lease then
       redis.call('pexpire', key, lease)
     end

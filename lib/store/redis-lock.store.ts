@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { describeError } from '../describe-error';
 import { ACQUIRE_SCRIPT } from '../scripts/acquire.script';
 import type { LuaScript } from '../scripts/lua-script';
 import { RELEASE_SCRIPT } from '../scripts/release.script';
@@ -151,13 +152,21 @@ export class RedisLockStore implements LockStore {
   }
 
   private bounded<T>(operation: Promise<T>): Promise<T> {
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(
+    return new Promise<T>((resolve, reject) => {
+      const timer = setTimeout(
         () => reject(new StoreTimeoutError(this.operationTimeout, this.connectionError)),
         this.operationTimeout,
       );
+      operation.then(
+        (value) => {
+          clearTimeout(timer);
+          resolve(value);
+        },
+        (error: unknown) => {
+          clearTimeout(timer);
+          reject(error instanceof Error ? error : new Error(describeError(error)));
+        },
+      );
     });
-    return Promise.race([operation, timeout]).finally(() => clearTimeout(timer));
   }
 }
