@@ -63,7 +63,9 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   private readonly held = new Set<HeldLock>();
   private closing = false;
   /** Acquisitions under way: shutdown lets them land while the client is still open. */
-  private readonly acquiring = new Set<Promise<unknown>>();
+  private acquiring = 0;
+  /** Set by shutdown while acquisitions are under way; called when the last one has settled. */
+  private acquisitionsDone: (() => void) | undefined;
   /** Waits in progress, one controller each: shutdown ends them. */
   private readonly waits = new Set<AbortController>();
   /** The local waiters of each key someone here is waiting for; an entry lives while it has waiters. */
@@ -218,7 +220,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     this.closing = true;
     for (const wait of this.waits) wait.abort();
     // Each is bounded by operationTimeout; one that lands now gives its lock back before the client closes.
-    await Promise.allSettled([...this.acquiring]);
+    if (this.acquiring > 0) await new Promise<void>((resolve) => (this.acquisitionsDone = resolve));
     const locks = [...this.held];
     await Promise.all(
       locks.map(async (lock) => {
@@ -317,17 +319,19 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
    * rejects when Redis fails or the application is shutting down. Tracked while under way, so
    * that shutdown can wait for it.
    */
-  private acquire(
+  private async acquire(
     name: string,
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
     cancel?: AbortSignal,
   ): Promise<Handle | null> {
-    const acquisition = this.acquireNow(name, options, keepOnShutdown, cancel);
-    this.acquiring.add(acquisition);
-    const forget = (): void => void this.acquiring.delete(acquisition);
-    acquisition.then(forget, forget);
-    return acquisition;
+    this.acquiring += 1;
+    try {
+      return await this.acquireNow(name, options, keepOnShutdown, cancel);
+    } finally {
+      this.acquiring -= 1;
+      if (this.acquiring === 0) this.acquisitionsDone?.();
+    }
   }
 
   private async acquireNow(
@@ -371,7 +375,12 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   private async reenter(outer: HeldLock, options: ResolvedLockOptions, keepOnShutdown: boolean) {
     const sentAt = now();
     const lease = leaseOf(options); // not applied on re-entry; sent so the call reads the same as any acquire
-    const result = await this.send(outer.name, () => this.store.acquire(outer.key, outer.owner, lease, true));
+    let result;
+    try {
+      result = await this.store.acquire(outer.key, outer.owner, lease, true);
+    } catch (error) {
+      throw acquireFailed(outer.name, error);
+    }
     if (!result.acquired) {
       this.watchdog.lose(outer, 'not-owner', 'a reentrant acquisition found it gone or held by another owner');
       return undefined;
@@ -382,6 +391,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     }
     // The outer hold was released while this re-entry was on its way, which leaves this owner's
     // hold in Redis: it needs a watchdog and a release of its own, and carries the outer token on.
+    if (this.closing) await this.giveBack(outer.name, outer.key, outer.owner);
     return this.keep(outer.name, outer.key, outer.owner, outer.fencingToken, options, sentAt, keepOnShutdown);
   }
 
@@ -395,23 +405,26 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     const owner = this.ownerIds.next();
     const lease = leaseOf(options);
     const sentAt = now();
-    const result = await this.send(name, () => this.store.acquire(key, owner, lease));
+    let result;
+    try {
+      result = await this.store.acquire(key, owner, lease);
+    } catch (error) {
+      throw acquireFailed(name, error);
+    }
     if (!result.acquired) return result.ttl;
+    if (this.closing) await this.giveBack(name, key, owner);
     return this.keep(name, key, owner, result.token ?? 0, options, sentAt, keepOnShutdown);
   }
 
-  private async send<T>(name: string, operation: () => Promise<T>): Promise<T> {
-    try {
-      return await operation();
-    } catch (error) {
-      throw new RedisUnavailableError('acquire', name, `Could not acquire lock "${name}": ${describeError(error)}`, {
-        cause: error,
-      });
-    }
+  /** Shutdown began while this acquisition was on its way: nobody would release the lock. Throws. */
+  private async giveBack(name: string, key: string, owner: string): Promise<never> {
+    await this.store.release(key, owner).catch(() => undefined);
+    this.assertOpen(name);
+    throw new Error('unreachable: giveBack is only called while closing');
   }
 
   /** Start keeping a lock just taken in Redis. */
-  private async keep(
+  private keep(
     name: string,
     key: string,
     owner: string,
@@ -419,12 +432,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     options: ResolvedLockOptions,
     sentAt: number,
     keepOnShutdown: boolean,
-  ): Promise<Handle> {
-    if (this.closing) {
-      // Shutdown began while this request was on its way: nobody would release this lock.
-      await this.store.release(key, owner).catch(() => undefined);
-      this.assertOpen(name);
-    }
+  ): Handle {
     const lock = new HeldLock(name, key, owner, token, options, sentAt, keepOnShutdown);
     this.held.add(lock);
     this.watchdog.start(lock);
@@ -526,6 +534,12 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   private assertOpen(name: string): void {
     if (this.closing) throw new DisLockError(`Cannot acquire lock "${name}": the application is shutting down`);
   }
+}
+
+function acquireFailed(name: string, error: unknown): RedisUnavailableError {
+  return new RedisUnavailableError('acquire', name, `Could not acquire lock "${name}": ${describeError(error)}`, {
+    cause: error,
+  });
 }
 
 function leaseOf(options: ResolvedLockOptions): number {

@@ -26,6 +26,12 @@ const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
 /** Most locks renewed by one script call: keeps each call to about a millisecond of Redis time. */
 const MAX_RENEW_BATCH = 500;
 
+/** An operation under way and when it times out. */
+interface Deadline {
+  readonly at: number;
+  readonly reject: (error: Error) => void;
+}
+
 /** Thrown by the store when Redis does not answer within `operationTimeout`. */
 export class StoreTimeoutError extends Error {
   constructor(timeoutMs: number, connectionError?: Error) {
@@ -46,6 +52,9 @@ export class RedisLockStore implements LockStore {
   private readonly id = randomBytes(8).toString('hex');
   private readonly releases: ReleaseSubscriber;
   private readonly cluster: boolean;
+  /** Operations under way, and the one timer that times them out (see `bounded`). */
+  private readonly deadlines = new Set<Deadline>();
+  private sweepTimer: NodeJS.Timeout | undefined;
   /** Why a client this store created last failed to connect, until it is ready again. */
   private connectionError: Error | undefined;
 
@@ -123,6 +132,8 @@ export class RedisLockStore implements LockStore {
 
   async close(): Promise<void> {
     this.releases.close();
+    // Operations still under way keep their deadlines: the sweep stops by itself once they settle.
+    if (this.deadlines.size === 0) this.sweep();
     if (this.owned) await closeRedis(this.client, this.operationTimeout);
   }
 
@@ -151,22 +162,44 @@ export class RedisLockStore implements LockStore {
     return this.bounded(script.run(this.client, keys, args));
   }
 
+  /**
+   * `operation`, or a `StoreTimeoutError` once it has taken longer than `operationTimeout`. One
+   * sweeping timer serves every operation under way (it runs only while there are some), instead
+   * of a timer set and cleared per command on the hot path; a timeout is noticed at most a tenth
+   * of `operationTimeout` late.
+   */
   private bounded<T>(operation: Promise<T>): Promise<T> {
     return new Promise<T>((resolve, reject) => {
-      const timer = setTimeout(
-        () => reject(new StoreTimeoutError(this.operationTimeout, this.connectionError)),
-        this.operationTimeout,
-      );
+      const entry: Deadline = { at: performance.now() + this.operationTimeout, reject };
+      this.deadlines.add(entry);
+      if (!this.sweepTimer) {
+        this.sweepTimer = setInterval(() => this.sweep(), Math.max(1, Math.ceil(this.operationTimeout / 10)));
+        this.sweepTimer.unref(); // a caller awaiting the operation is what matters, not the process
+      }
       operation.then(
         (value) => {
-          clearTimeout(timer);
+          this.deadlines.delete(entry);
           resolve(value);
         },
         (error: unknown) => {
-          clearTimeout(timer);
+          this.deadlines.delete(entry);
           reject(error instanceof Error ? error : new Error(describeError(error)));
         },
       );
     });
+  }
+
+  private sweep(): void {
+    if (this.deadlines.size === 0) {
+      clearInterval(this.sweepTimer);
+      this.sweepTimer = undefined;
+      return;
+    }
+    const at = performance.now();
+    for (const entry of this.deadlines) {
+      if (entry.at > at) continue;
+      this.deadlines.delete(entry);
+      entry.reject(new StoreTimeoutError(this.operationTimeout, this.connectionError));
+    }
   }
 }

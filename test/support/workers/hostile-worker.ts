@@ -9,7 +9,7 @@
  * Reports on stdout, one JSON object per line prefixed with `@@`; never calls process.exit.
  */
 import 'reflect-metadata';
-import { writeSync } from 'node:fs';
+import { report, reportExit } from './child-report';
 import { type LoggerService, Module } from '@nestjs/common';
 import type { RedisOptions } from 'ioredis';
 import { NestFactory } from '@nestjs/core';
@@ -49,15 +49,7 @@ export interface ErrorReport {
 
 const config = JSON.parse(process.argv[2] ?? '{}') as HostileWorkerConfig;
 
-/** Synchronous, so that nothing is lost when the process ends right after. */
-const report = (event: string, data: object = {}): void => {
-  writeSync(1, `@@${JSON.stringify({ event, ...data })}\n`);
-};
-
-const unhandled: string[] = [];
-process.on('unhandledRejection', (reason) => unhandled.push(`unhandledRejection: ${String(reason)}`));
-process.on('uncaughtException', (error) => unhandled.push(`uncaughtException: ${String(error)}`));
-process.on('exit', (code) => report('exit', { code, unhandled }));
+reportExit();
 
 const logs: string[] = [];
 const logger: LoggerService = {

@@ -15,8 +15,8 @@
  * Reports on stdout, one JSON object per line prefixed with `@@`; never calls process.exit.
  */
 import 'reflect-metadata';
+import { report, reportExit } from './child-report';
 import { createHook } from 'node:async_hooks';
-import { writeSync } from 'node:fs';
 import { Injectable, type LoggerService, Module } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { DisLock, DisLockModule, LockService } from 'nestjs-dislock';
@@ -33,15 +33,7 @@ export interface LiveResource {
 
 const config = JSON.parse(process.argv[2] ?? '{}') as HygieneWorkerConfig;
 
-/** Synchronous, so that no stream handle of our own shows up among the resources. */
-const report = (event: string, data: object = {}): void => {
-  writeSync(1, `@@${JSON.stringify({ event, ...data })}\n`);
-};
-
-const unhandled: string[] = [];
-process.on('unhandledRejection', (reason) => unhandled.push(`unhandledRejection: ${String(reason)}`));
-process.on('uncaughtException', (error) => unhandled.push(`uncaughtException: ${String(error)}`));
-process.on('exit', (code) => report('exit', { code, unhandled }));
+reportExit();
 
 // ---- what is alive ----------------------------------------------------------------------------
 
