@@ -115,11 +115,7 @@ describe('password-protected Redis', () => {
       expect(closed.closeMs).toBeLessThan(1_000);
 
       // Nothing keeps the process alive (no reconnect timer, no socket), and nothing went unhandled.
-      const exit = await worker.exitWithin(2_000);
-      expect(exit).toBeDefined();
-      expect((exit?.at ?? Infinity) - closedAt).toBeLessThan(2_000);
-      expect(exit?.code).toBe(0);
-      expect((await worker.next('exit', 100)).unhandled).toEqual([]);
+      await worker.expectCleanExit(closedAt);
 
       const redis = server.client();
       try {

@@ -95,11 +95,7 @@ describe('hygiene', () => {
     expect(live.map((r) => `${r.type}\n${r.stack}`)).toEqual([]);
     expect(closed.logs).toEqual([]); // no failed release, no lost lock
 
-    const exit = await worker.exitWithin(2_000);
-    expect(exit).toBeDefined();
-    expect((exit?.at ?? Infinity) - closedAt).toBeLessThan(2_000);
-    expect(exit?.code).toBe(0);
-    expect((await worker.next('exit', 100)).unhandled).toEqual([]);
+    await worker.expectCleanExit(closedAt);
 
     const redis = server.client();
     clients.push(redis);

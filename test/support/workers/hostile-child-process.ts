@@ -115,6 +115,18 @@ export class WorkerChild {
     }
   }
 
+  /**
+   * Expect the child to end by itself within 2 s of `closedAt` (nothing keeps it alive once its app
+   * is closed), with exit code 0 and nothing unhandled.
+   */
+  async expectCleanExit(closedAt: number): Promise<void> {
+    const exit = await this.exitWithin(2_000);
+    expect(exit).toBeDefined();
+    expect((exit?.at ?? Infinity) - closedAt).toBeLessThan(2_000);
+    expect(exit?.code).toBe(0);
+    expect((await this.next('exit', 100)).unhandled).toEqual([]);
+  }
+
   send(line: string): void {
     this.child.stdin?.write(`${line}\n`);
   }
