@@ -490,7 +490,9 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
         if (remaining <= 0) return null;
         // Listening: sleep until a release is heard, or the holder's lease ends. Not listening
         // (the subscription failed): poll with a short back-off, never past the lease either.
-        const lease = ttl > 0 ? ttl + 1 : Infinity;
+        // PTTL 0 is a lease with under a millisecond left (retry right after it), -1 a key with no
+        // expiry at all (only a release can free it), -2 a key already gone (retry at once).
+        const lease = ttl === -1 ? Infinity : Math.max(0, ttl) + 1;
         const sleep = watch.listening ? lease : Math.min(lease, backoff(attempt));
         await watch.wait(Math.min(remaining, sleep), stop.signal);
         this.assertOpen(name);
