@@ -28,26 +28,8 @@ function crc16(bytes: Uint8Array, from: number, to: number): number {
   return crc;
 }
 
-/** CRC16 of the ASCII string `text` from `from` to `to`, without encoding it first. */
-function crc16Ascii(text: string, from: number, to: number): number {
-  let crc = 0;
-  for (let i = from; i < to; i += 1)
-    crc = ((crc << 8) & 0xffff) ^ CRC16_TABLE[((crc >> 8) ^ text.charCodeAt(i)) & 0xff];
-  return crc;
-}
-
 /** The hash slot of `key` as Redis Cluster computes it, `{hash tags}` included. */
 export function keySlot(key: string): number {
-  // eslint-disable-next-line no-control-regex -- the test is for ASCII, control characters included
-  if (/^[\x00-\x7f]*$/.test(key)) {
-    // ASCII: characters are the bytes, no encoding needed (the common case, on every acquire).
-    const open = key.indexOf('{');
-    if (open !== -1) {
-      const close = key.indexOf('}', open + 1);
-      if (close > open + 1) return crc16Ascii(key, open + 1, close) % HASH_SLOTS;
-    }
-    return crc16Ascii(key, 0, key.length) % HASH_SLOTS;
-  }
   const bytes = Buffer.from(key, 'utf8');
   const open = bytes.indexOf(0x7b); // '{'
   if (open !== -1) {
