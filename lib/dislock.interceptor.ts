@@ -17,6 +17,7 @@ import type { DisLockOptions } from './dislock.options';
 import type { KeyResolver } from './key-template';
 import type { Handle } from './lock-handle';
 import { LockService } from './lock.service';
+import { isPromiseLike } from './promise-like';
 
 /** What `@DisLock` computed once, when the class was defined. */
 export interface LockedMethodSpec {
@@ -28,14 +29,6 @@ export interface LockedMethodSpec {
   readonly releaseOnFinish: boolean;
 }
 
-function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
-  return (
-    (typeof value === 'object' || typeof value === 'function') &&
-    value !== null &&
-    typeof (value as PromiseLike<unknown>).then === 'function'
-  );
-}
-
 function toObservable(result: unknown): Observable<unknown> {
   if (isObservable(result)) return result;
   // Promise.resolve first: a bare thenable need not return anything from `then`, which rxjs's
@@ -45,10 +38,11 @@ function toObservable(result: unknown): Observable<unknown> {
 }
 
 /**
- * The rxjs pipeline behind `@DisLock`: resolve the key and acquire when subscribed (deferred), run
- * the method inside the lock's async scope, then release the lock (or only stop renewing it) in
- * `finalize`. Completion and errors are held back until the release step has finished, so a
- * Promise-returning method resolves only once its lock is free.
+ * What runs a `@DisLock` method: resolve the key, acquire, run the method inside the lock's async
+ * scope, then release the lock (or only stop renewing it); the result or error comes out only once
+ * that last step has finished. `run` does it as one async function for methods that return a
+ * Promise or a plain value; `intercept` is the rxjs pipeline for methods declared to return an
+ * Observable (acquire when subscribed, release in `finalize`, also on unsubscribe).
  */
 @Injectable()
 export class DisLockInterceptor {

@@ -22,6 +22,8 @@ import { FENCE_MARKER } from './store/fence-key';
 import { LockScope } from './lock-scope';
 import type { LockStore } from './store/lock-store.interface';
 import { resolveLockOptions, validateLockOptions } from './options.validation';
+import { isPromiseLike } from './promise-like';
+import { wakeOrTimeout } from './wake-or-timeout';
 import { WaitQueue } from './wait-queue';
 import { Watchdog } from './watchdog';
 
@@ -44,10 +46,6 @@ class OwnerIds {
     this.offset += 16;
     return id;
   }
-}
-
-function isPromiseLike(value: unknown): value is PromiseLike<unknown> {
-  return typeof (value as PromiseLike<unknown> | undefined)?.then === 'function';
 }
 
 /**
@@ -464,7 +462,8 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     this.waits.add(stop);
     const place = queue.join();
     try {
-      const myTurn = await within(place.turn, deadline - now(), stop.signal);
+      const wait = deadline - now();
+      const myTurn = wait > 0 && (await wakeOrTimeout(wait, stop.signal, (wake) => void place.turn.then(wake)));
       this.assertOpen(name);
       if (!myTurn) return null;
       const watch = await queue.watch;
@@ -558,20 +557,4 @@ const GIVE_WAY_MS = 3;
 /** Poll back-off while the release channel is not heard: 5, 10, 20, 40, 80, then 100 ms, each +-50 %. */
 function backoff(attempt: number): number {
   return Math.min(100, 5 * 2 ** Math.min(attempt, 8)) * (0.5 + Math.random());
-}
-
-/** Whether `promise` settles within `ms` and before `signal` aborts. */
-function within(promise: Promise<void>, ms: number, signal: AbortSignal): Promise<boolean> {
-  if (signal.aborted || ms <= 0) return Promise.resolve(false);
-  return new Promise((resolve) => {
-    const done = (value: boolean): void => {
-      clearTimeout(timer);
-      signal.removeEventListener('abort', stopped);
-      resolve(value);
-    };
-    const stopped = (): void => done(false);
-    const timer = setTimeout(stopped, ms);
-    signal.addEventListener('abort', stopped, { once: true });
-    promise.then(() => done(true), stopped);
-  });
 }

@@ -66,7 +66,7 @@ export class RedisLockStore implements LockStore {
     private readonly keyPrefix: string,
   ) {
     slotTag(0); // build the slot table now rather than on the first acquisition
-    this.releases = new ReleaseSubscriber(client, this.id, operationTimeout);
+    this.releases = new ReleaseSubscriber(client, this.id, (operation) => this.bounded(operation));
     this.cluster = (client as { isCluster?: boolean }).isCluster === true;
     if (owned) {
       // A timed-out operation then says why (a wrong password, a bad certificate) instead of only

@@ -1,3 +1,4 @@
+import { wakeOrTimeout } from '../wake-or-timeout';
 import type { RedisClient } from './redis-client';
 
 /** One waiter's interest in the releases of one lock key. */
@@ -28,21 +29,14 @@ class Watch implements ReleaseWatch {
     private readonly onClose: (watch: Watch) => void,
   ) {}
 
-  wait(maxWaitMs: number, signal: AbortSignal): Promise<void> {
+  async wait(maxWaitMs: number, signal: AbortSignal): Promise<void> {
     if (this.pending || signal.aborted) {
       this.pending = false;
-      return Promise.resolve();
+      return;
     }
-    return new Promise((resolve) => {
-      const done = (): void => {
-        clearTimeout(timer);
-        signal.removeEventListener('abort', done);
-        this.wakeUp = undefined;
-        resolve();
-      };
-      const timer = setTimeout(done, Math.max(1, maxWaitMs));
-      signal.addEventListener('abort', done, { once: true });
-      this.wakeUp = done;
+    await wakeOrTimeout(Math.max(1, maxWaitMs), signal, (wake) => {
+      this.wakeUp = wake;
+      return () => (this.wakeUp = undefined); // a wake from now on is kept as pending
     });
   }
 
@@ -77,7 +71,8 @@ export class ReleaseSubscriber {
     private readonly source: RedisClient,
     /** What this process's own releases publish: those are handled locally, their echo is ignored. */
     private readonly selfId: string,
-    private readonly timeoutMs: number,
+    /** The store's bound on a Redis round trip: rejects once it takes longer than `operationTimeout`. */
+    private readonly bounded: (operation: Promise<unknown>) => Promise<unknown>,
   ) {}
 
   /** Watch the releases of `key`; resolves once subscribed (or once subscribing has failed). */
@@ -115,18 +110,11 @@ export class ReleaseSubscriber {
 
   private async subscribe(channel: string): Promise<boolean> {
     if (this.closed) return false;
-    let timer: NodeJS.Timeout | undefined;
     try {
-      const subscribed = this.open().subscribe(channel);
-      const timeout = new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error('SUBSCRIBE timed out')), this.timeoutMs);
-      });
-      await Promise.race([subscribed, timeout]);
+      await this.bounded(this.open().subscribe(channel));
       return true;
     } catch {
       return false; // waiters poll instead; ioredis resubscribes once it reconnects
-    } finally {
-      clearTimeout(timer);
     }
   }
 
