@@ -10,8 +10,8 @@ import {
   ParseIntPipe,
 } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
-import { createHook } from 'node:async_hooks';
 import { Redis } from 'ioredis';
+import { trackTimers } from './support/timers';
 import {
   DisLock,
   DisLockError,
@@ -38,27 +38,20 @@ async function connectedClients(redis: Redis): Promise<number> {
 }
 
 /**
- * Records the timers created from now on; `alive()` lists those of the library or ioredis still
- * pending that keep the process alive (ref'd), with where they were created.
+ * The timers created from now on by the library or ioredis that are still pending and keep the
+ * process alive (ref'd), with where they were created.
  */
-function trackTimers(): { alive(): string[]; stop(): void } {
-  const live = new Map<number, { timer: NodeJS.Timeout; stack: string }>();
-  const hook = createHook({
-    init(id, type, _trigger, resource) {
-      if (type === 'Timeout') live.set(id, { timer: resource as NodeJS.Timeout, stack: new Error().stack ?? '' });
-    },
-    destroy(id) {
-      live.delete(id);
-    },
-  }).enable();
+function trackAliveTimers(): { alive(): string[]; stop(): void } {
+  const timers = trackTimers();
   return {
     alive: () =>
-      [...live.values()]
-        .filter(({ timer }) => !(timer as unknown as { _destroyed?: boolean })._destroyed && timer.hasRef())
+      timers
+        .pending()
+        .filter(({ timer }) => timer.hasRef())
         // Only the library's and its Redis client's timers (jest's reporter runs timers of its own).
         .filter(({ stack }) => stack.includes('ioredis') || /[\\/]lib[\\/][\w.-]+\.ts/.test(stack))
         .map(({ stack }) => stack.split('\n').slice(2, 14).join('\n')),
-    stop: () => void hook.disable(),
+    stop: timers.stop,
   };
 }
 
@@ -466,7 +459,7 @@ describe('DisLockModule', () => {
       const held = await t.locks.lock('timers', { lockWatchdogTimeout: 900 });
       const released = await t.locks.lock('timers-released', { expire: 900 });
       await released.release();
-      const timers = trackTimers();
+      const timers = trackAliveTimers();
       try {
         await t.close();
         await sleep(50);
@@ -480,7 +473,7 @@ describe('DisLockModule', () => {
     it('app.close() with its Redis down leaves no timer that keeps the process alive either', async () => {
       const server = await RedisServer.start();
       const t = await createTestApp([], { redis: server.url, operationTimeout: 300 });
-      const timers = trackTimers();
+      const timers = trackAliveTimers();
       try {
         const h = await t.locks.lock('down-at-close', { lockWatchdogTimeout: 900 });
         await server.stop();
