@@ -309,6 +309,20 @@ describe('waiting without polling, and the batched watchdog', () => {
       expect(await unsubscribed(holder.name)).toBe(true);
     });
 
+    it('a holder in its last millisecond (PTTL 0) does not make the waiter sleep its whole waitTime', async () => {
+      // PTTL answers 0 when under a millisecond is left. A 2 ms lease met by the waiter's first try
+      // gives 0 or 1 at random; over many rounds, some get 0. Read as 'no expiry' it meant a
+      // 10 s sleep (waitTime), since an expiring holder announces nothing.
+      for (let round = 0; round < 30; round += 1) {
+        const name = fresh('last-ms');
+        await b.locks.lock(name, { expire: 2 });
+        const outcome = await settle(a.locks.tryLock(name, WAIT));
+        expect(outcome.ok && outcome.value !== null).toBe(true);
+        expect(outcome.ms).toBeLessThan(WAKE_MS);
+        if (outcome.ok) await outcome.value?.release();
+      }
+    });
+
     it('an expiry is not announced: the waiter wakes when the holder PTTL it was told runs out, without polling', async () => {
       const name = fresh('expiry');
       await b.locks.lock(name, { expire: 400 }); // never released: it expires
