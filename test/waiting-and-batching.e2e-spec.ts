@@ -452,6 +452,49 @@ describe('waiting without polling, and the batched watchdog', () => {
     );
   });
 
+  describe('between processes', () => {
+    it('a process that releases a lock another one waits for gives way: the waiter gets it next', async () => {
+      const name = fresh('give-way');
+      let holder = await a.locks.lock(name, LONG);
+      const takenBy: string[] = [];
+      // b waits; a releases and at once asks again (as a worker loop does). Without giving way, a's
+      // next attempt reaches Redis before b has even read the release message, every time.
+      for (let round = 0; round < 10; round += 1) {
+        const waiter = b.locks.lock(name, WAIT);
+        expect(await eventually(async () => (await numsub(redis, key(name))) === 1)).toBe(true);
+        await holder.release();
+        const again = a.locks.lock(name, WAIT);
+        const next = await Promise.race([waiter.then(() => 'b'), again.then(() => 'a')]);
+        takenBy.push(next);
+        const [first, second] = next === 'b' ? [await waiter, again] : [await again, waiter];
+        await first.release();
+        holder = await second; // the other one gets it after that release
+      }
+      await holder.release();
+      expect(takenBy).toEqual(Array<string>(10).fill('b'));
+    });
+
+    it('a waiter behind a local holder that is lost (not released) tries at once, not after the holder’s lease', async () => {
+      const name = fresh('lost-holder');
+      const first = await b.locks.lock(name, LONG); // in the other app: a's waiters form a line
+      const lease = { waitTime: 10_000, lockWatchdogTimeout: 3_000 } as const; // renewed every 1 s
+      const w1 = a.locks.lock(name, lease);
+      expect(await eventually(async () => (await numsub(redis, key(name))) === 1)).toBe(true); // w1 waits
+      const w2 = settle(a.locks.lock(name, lease)); // behind w1 in a's line
+      await first.release();
+      const head = await w1; // took it from the line: w2 now waits for a's own release of it
+      await sleep(50);
+      await redis.del(head.key); // gone behind its back; only its next renewal (<= 1 s) notices
+      const deletedAt = performance.now();
+      const outcome = await w2;
+      expect(lostReason(head.signal.reason)).toBe('not-owner');
+      expect(outcome.ok).toBe(true);
+      expect(performance.now() - deletedAt).toBeLessThan(1_000 + 400); // not the 3 s lease
+      if (outcome.ok) await outcome.value.release();
+      await head.release();
+    });
+  });
+
   describe('AbortSignal', () => {
     it('aborting a waiting tryLock resolves null at once; no key is taken and the subscription goes', async () => {
       const name = fresh('abort-try');
