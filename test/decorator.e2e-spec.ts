@@ -200,6 +200,12 @@ class ReturnTypes {
 
   @DisLock('sync-void:{0}')
   syncVoid(_id: number): void {}
+
+  /** Returns an Observable without saying so (design:returntype is Object): taken as a value. */
+  @DisLock('undeclared:{0}')
+  undeclaredStream(_id: number, probe: () => Promise<number>): unknown {
+    return timer(20).pipe(concatMap(() => probe()));
+  }
 }
 
 @Injectable()
@@ -603,6 +609,16 @@ describe('@DisLock on plain providers', () => {
       const nothing: unknown = svc.syncVoid(1);
       expect(nothing).toBeInstanceOf(Promise);
       expect(await nothing).toBeUndefined();
+    });
+
+    it('a method that returns an Observable without declaring it resolves to its last value, inside the lock', async () => {
+      const svc = t.get(ReturnTypes);
+      const probe = jest.fn(() => redis.exists(key('undeclared:1')));
+      const result: unknown = svc.undeclaredStream(1, probe);
+      expect(result).toBeInstanceOf(Promise);
+      expect(await result).toBe(1); // the key existed when the Observable emitted
+      expect(probe).toHaveBeenCalledTimes(1);
+      expect(await exists(key('undeclared:1'))).toBe(0);
     });
 
     it('a method declared to return Observable is lazy: no lock and no call until subscribe', async () => {
