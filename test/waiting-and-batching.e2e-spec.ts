@@ -790,6 +790,28 @@ describe('waiting without polling, and the batched watchdog', () => {
       await redis.del(taken.key);
     });
 
+    it('1,200 locks due at once are renewed in calls of at most 500 keys, and every one of them stays held', async () => {
+      const n = 1_200;
+      const handles = await Promise.all(
+        Array.from({ length: n }, () => a.locks.lock(fresh('crowd'), { lockWatchdogTimeout: 600 })),
+      );
+      const keys = new Set(handles.map((h) => h.key));
+      const from = await mon.sync();
+      await sleep(900); // past the first lease: alive only if renewed
+      const renewCalls = calls(await mon.window(from), RENEW_SCRIPT).filter((args) =>
+        keysOf(args).some((k) => keys.has(k)),
+      );
+      const renewed = new Set(renewCalls.flatMap((args) => keysOf(args)).filter((k) => keys.has(k)));
+      expect(renewed.size).toBe(n);
+      expect(Math.max(...renewCalls.map((args) => keysOf(args).length))).toBeLessThanOrEqual(500);
+      const pipeline = redis.pipeline();
+      for (const h of handles) pipeline.hget(h.key, h.owner);
+      const holds = ((await pipeline.exec()) ?? []).map(([, value]) => value);
+      expect(holds.filter((hold) => hold !== '1')).toEqual([]);
+      expect(handles.filter((h) => h.signal.aborted)).toEqual([]);
+      expect((await Promise.all(handles.map((h) => h.release()))).every(Boolean)).toBe(true);
+    });
+
     it('200 locks renewed every 100 ms take far fewer script calls than 200 x renewals; all stay alive; none is renewed after its release', async () => {
       const n = 200;
       const names = Array.from({ length: n }, () => fresh('many'));
