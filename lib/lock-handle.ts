@@ -27,11 +27,15 @@ export interface LockHandle {
   readonly signal: AbortSignal;
   /**
    * Drop this hold. Owner-safe: never touches a key another owner holds. `true` when this call
-   * freed the lock; `false` for a reentrant hold, a second call, or a lock that was already lost
-   * (a loss first noticed here is reported like any other: `signal`, `onLockLost`).
+   * freed the lock; `false` while another hold of the same owner (outer or reentrant) still runs
+   * under it, for a second call, or for a lock that was already lost (a loss first noticed here
+   * is reported like any other: `signal`, `onLockLost`).
    */
   release(): Promise<boolean>;
-  /** Stop the watchdog and keep the key until it expires. Has no effect on a reentrant hold. */
+  /**
+   * Stop the watchdog and keep the key until it expires; while reentrant holds of the lock still
+   * run, renewal goes on until the last of them is released. Has no effect on a reentrant hold.
+   */
   stopRenewal(): void;
   /** `await using lock = await locks.lock('x')`: releases at the end of the block; never throws. */
   [Symbol.asyncDispose](): Promise<void>;
@@ -39,7 +43,7 @@ export interface LockHandle {
 
 /** What a handle calls back into; implemented by `LockService`. */
 export interface HoldKeeper {
-  releaseHold(lock: HeldLock): Promise<boolean>;
+  releaseHold(lock: HeldLock, reentrant: boolean): Promise<boolean>;
   stopRenewal(lock: HeldLock): void;
   disposeHold(handle: LockHandle): Promise<void>;
 }
@@ -63,8 +67,18 @@ export type HeldLockState =
  */
 export class HeldLock implements Scheduled {
   state: HeldLockState = 'held';
-  /** Handles of this owner not yet released. */
+  /**
+   * Handles of this owner not yet released: the outermost and every reentrant one. Counted here,
+   * not in Redis, which holds one entry per owner whatever the count: a command that a client
+   * re-sends after a lost reply can then never count a hold twice, nor free a lock still in use.
+   */
   holds = 1;
+  /** The outermost handle has finished (released, or its method ended with `ifExpireWhenFinish: false`). */
+  outerDone = false;
+  /** `stopRenewal()` was asked for: renewal ends once no reentrant hold needs it any more. */
+  stopAsked = false;
+  /** When the last hold ends, leave the key to expire instead of deleting it (`ifExpireWhenFinish: false`). */
+  keepKey = false;
   /** Renewals done so far. */
   renewals = 0;
   /** `performance.now()` at which the lease ends, as far as this process knows. */
@@ -84,7 +98,8 @@ export class HeldLock implements Scheduled {
     readonly owner: string,
     readonly fencingToken: number,
     readonly options: ResolvedLockOptions,
-    acquiredAt: number,
+    /** `performance.now()` when the acquisition was sent: the lease in Redis began no earlier. */
+    readonly acquiredAt: number,
     /** Leave the key to expire at shutdown instead of deleting it (`ifExpireWhenFinish: false`). */
     readonly keepOnShutdown: boolean,
   ) {
@@ -146,7 +161,14 @@ export class Handle implements LockHandle {
   release(): Promise<boolean> {
     if (this.released) return Promise.resolve(false);
     this.released = true;
-    return this.keeper.releaseHold(this.lock);
+    return this.keeper.releaseHold(this.lock, this.reentrant);
+  }
+
+  /** @internal Mark this handle finished without releasing through it (`ifExpireWhenFinish: false`). */
+  finishKeeping(): boolean {
+    if (this.released) return false;
+    this.released = true;
+    return true;
   }
 
   stopRenewal(): void {

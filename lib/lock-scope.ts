@@ -31,6 +31,14 @@ export class LockScope {
     return this.storage.run({ handle, parent }, fn);
   }
 
+  /**
+   * Run `fn` outside every chain: timers, listeners and connections made in it, and hooks called
+   * from it, see no held lock, whoever's call happened to set them up.
+   */
+  outside<T>(fn: () => T): T {
+    return this.storage.exit(fn);
+  }
+
   /** The innermost handle of the chain for `key` (any key when omitted) whose lock is still held. */
   find(key?: string): Handle | undefined {
     for (let link = this.storage.getStore(); link; link = link.parent) {

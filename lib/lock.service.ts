@@ -76,8 +76,11 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     @Inject(DISLOCK_RESOLVED_OPTIONS) private readonly options: ResolvedModuleOptions,
     @Inject(DISLOCK_STORE) private readonly store: LockStore,
   ) {
-    this.watchdog = new Watchdog(store, this.logger, (lock, reason, detail, cause) =>
-      this.markLost(lock, reason, detail, cause),
+    this.watchdog = new Watchdog(
+      store,
+      this.logger,
+      (lock, reason, detail, cause) => this.markLost(lock, reason, detail, cause),
+      (fn) => this.scope.outside(fn),
     );
   }
 
@@ -149,12 +152,19 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   }
 
   /**
-   * @internal End one acquisition: release it, or (`release: false`, outermost only) just stop
-   * renewing. Never rejects: a failure is logged, the lease then ends the lock on its own.
+   * @internal End one acquisition: release it, or (`release: false`, outermost only) leave the key
+   * to expire: renewal goes on while reentrant holds of it still run, then stops. Never rejects: a
+   * failure is logged, the lease then ends the lock on its own.
    */
   async finish(handle: Handle, release: boolean): Promise<void> {
     if (!release && !handle.reentrant) {
-      handle.stopRenewal();
+      if (!handle.finishKeeping()) return;
+      const lock = handle.lock;
+      lock.outerDone = true;
+      lock.keepKey = true;
+      lock.stopAsked = true;
+      lock.holds -= 1;
+      if (lock.holds === 0 && lock.state === 'held') this.detach(lock);
       return;
     }
     try {
@@ -169,12 +179,25 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   // ---- HoldKeeper (called by handles) --------------------------------------------------------------------------
 
   /** @internal */
-  async releaseHold(lock: HeldLock): Promise<boolean> {
+  async releaseHold(lock: HeldLock, reentrant: boolean): Promise<boolean> {
+    if (!reentrant) lock.outerDone = true;
     lock.holds -= 1;
     if (lock.state === 'shut-down') return false; // shutdown already released (or kept) every hold
+    if (lock.holds > 0) {
+      // Another hold of this owner still runs under the lock: nothing changes in Redis, and the
+      // watchdog goes on renewing (or watching the fixed lease) for it.
+      this.detachIfAsked(lock);
+      return false;
+    }
+    if (lock.keepKey) {
+      // The outermost method ended with `ifExpireWhenFinish: false` and this was the last
+      // reentrant hold after it: leave the key to expire, as the outermost asked.
+      if (lock.state === 'held') this.detach(lock);
+      return false;
+    }
     const wasHeld = lock.state === 'held';
     const wasLost = lock.state === 'lost';
-    if (lock.holds === 0) this.settle(lock, wasHeld ? 'released' : lock.state);
+    this.settle(lock, wasHeld ? 'released' : lock.state);
     let result;
     try {
       // Owner-checked: even for a lock known to be lost this only ever drops this owner's own hold.
@@ -188,7 +211,8 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
         { cause: error },
       );
     }
-    if (result === 'released') this.queues.get(lock.key)?.wake(); // hand over to the next local waiter at once
+    // A plain release has woken the local line already (the store does that for every release it
+    // knows has run); with waiters elsewhere too, the local head holds back first.
     if (result === 'released-contended') this.giveWay(lock.key);
     if (result === 'not-owner' && wasHeld) {
       // Expired or taken over before the watchdog noticed: the work it protected was not protected.
@@ -200,6 +224,20 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   /** @internal */
   stopRenewal(lock: HeldLock): void {
     if (lock.state !== 'held') return;
+    lock.stopAsked = true;
+    this.detachIfAsked(lock);
+  }
+
+  /**
+   * Renewal was asked to stop: stop it once only the hold that asked is left (a reentrant hold
+   * still running keeps it renewed, or watched, until it ends).
+   */
+  private detachIfAsked(lock: HeldLock): void {
+    if (lock.state === 'held' && lock.stopAsked && lock.holds === (lock.outerDone ? 0 : 1)) this.detach(lock);
+  }
+
+  /** Stop renewing and leave the key to expire. */
+  private detach(lock: HeldLock): void {
     this.settle(lock, 'detached');
     // A local waiter may be sleeping on this holder's release; it will now come at expiry, or
     // never: let the head ask Redis for the real remaining lease.
@@ -229,7 +267,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
         );
         if (lock.keepOnShutdown) return;
         try {
-          await this.store.release(lock.key, lock.owner, true);
+          await this.store.release(lock.key, lock.owner);
         } catch (error) {
           this.logger.warn(
             `Could not release lock "${lock.name}" at shutdown (${describeError(error)}); it expires on its own`,
@@ -274,8 +312,16 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     this.announce(lock, new LockLostError(lock.name, reason, message, cause === undefined ? undefined : { cause }));
   }
 
-  /** Abort the lock's signal and call the `onLockLost` hooks, or log when there are none. Never throws. */
+  /**
+   * Abort the lock's signal and call the `onLockLost` hooks, or log when there are none. Never
+   * throws. Runs outside every lock scope: whichever call noticed the loss (a timer, a release
+   * elsewhere in the code), the listeners and hooks must not see that call's locks as their own.
+   */
   private announce(lock: HeldLock, error: LockLostError): void {
+    this.scope.outside(() => this.tell(lock, error));
+  }
+
+  private tell(lock: HeldLock, error: LockLostError): void {
     lock.controller.abort(error);
     const hooks = [lock.options.onLockLost, this.options.onLockLost].filter(
       (hook): hook is LockLostHandler => hook !== undefined,
@@ -351,7 +397,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     const outer = this.scope.find(key)?.lock;
     if (outer) {
       // Inside the outer holder's call chain: only re-enter its hold (the lease stays the outer's).
-      const handle = await this.reenter(outer, options, keepOnShutdown);
+      const handle = await this.reenter(outer);
       if (handle) return handle;
     }
     // Nobody here waits for it, or this caller will not wait: one attempt straight away. Otherwise
@@ -367,30 +413,28 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   }
 
   /**
-   * Count up the outer holder's hold. `undefined` when its hold has vanished from Redis before its
-   * watchdog noticed: it has lost the lock, and this acquisition competes as a newcomer.
+   * Re-enter the outer holder's hold: one more local hold on the same lock, nothing new in Redis.
+   * The hold is counted before Redis is asked whether the owner still has the lock, so that the
+   * outer's release meanwhile leaves the lock in place for it. `undefined` when the lock has gone
+   * (the outer has lost it, or its lease may have ended): this acquisition competes as a newcomer.
    */
-  private async reenter(outer: HeldLock, options: ResolvedLockOptions, keepOnShutdown: boolean) {
-    const sentAt = now();
-    const lease = leaseOf(options); // not applied on re-entry; sent so the call reads the same as any acquire
+  private async reenter(outer: HeldLock): Promise<Handle | undefined> {
+    if (now() >= outer.leaseEndsAt) return undefined; // the watchdog reports the loss on its tick
+    outer.holds += 1;
+    const handle = new Handle(outer, true, this);
     let result;
     try {
-      result = await this.store.acquire(outer.key, outer.owner, lease, true);
+      result = await this.store.check(outer.key, outer.owner);
     } catch (error) {
+      await this.finish(handle, true);
       throw acquireFailed(outer.name, error);
     }
-    if (!result.acquired) {
+    if (!result.held) {
       this.watchdog.lose(outer, 'not-owner', 'a reentrant acquisition found it gone or held by another owner');
-      return undefined;
     }
-    if (outer.state === 'held') {
-      outer.holds += 1; // the outermost acquisition's watchdog keeps renewing for both
-      return new Handle(outer, true, this);
-    }
-    // The outer hold was released while this re-entry was on its way, which leaves this owner's
-    // hold in Redis: it needs a watchdog and a release of its own, and carries the outer token on.
-    if (this.closing) await this.giveBack(outer.name, outer.key, outer.owner);
-    return this.keep(outer.name, outer.key, outer.owner, outer.fencingToken, options, sentAt, keepOnShutdown);
+    if (outer.state === 'held' && now() < outer.leaseEndsAt) return handle;
+    await this.finish(handle, true);
+    return undefined;
   }
 
   /** One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy. */
@@ -410,8 +454,15 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       throw acquireFailed(name, error);
     }
     if (!result.acquired) return result.ttl;
+    if (now() >= sentAt + lease) {
+      // The answer came after the lease it granted may have ended in Redis: another owner may
+      // hold the lock by now. Never hand that out: give the hold back (owner-checked) and count
+      // this attempt as a miss.
+      await this.store.release(key, owner).catch(() => undefined);
+      return -2;
+    }
     if (this.closing) await this.giveBack(name, key, owner);
-    return this.keep(name, key, owner, result.token ?? 0, options, sentAt, keepOnShutdown);
+    return this.keep(name, key, owner, result.token, options, sentAt, keepOnShutdown);
   }
 
   /** Shutdown began while this acquisition was on its way: nobody would release the lock. Throws. */
@@ -453,7 +504,8 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   ): Promise<Handle | null> {
     let queue = this.queues.get(key);
     if (!queue) {
-      queue = new WaitQueue(this.store.watch(key));
+      // Outside the caller's lock scope: the subscriber connection this may open outlives the call.
+      queue = new WaitQueue(this.scope.outside(() => this.store.watch(key)));
       this.queues.set(key, queue);
     }
     const stop = new AbortController();

@@ -51,11 +51,17 @@ export class Watchdog {
     private readonly store: LockStore,
     private readonly logger: Logger,
     private readonly onLost: (lock: HeldLock, reason: LockLostReason, detail: string, cause?: unknown) => void,
+    /** Runs the timer's setup outside every caller's lock scope (see LockScope.outside). */
+    private readonly outside: <T>(fn: () => T) => T,
   ) {}
 
-  /** Start watching a freshly acquired lock. */
+  /**
+   * Start watching a freshly acquired lock. Its lease began when the acquisition was sent, not
+   * when the answer came: the first renewal is due an interval after the send (at once, when a
+   * slow answer took longer than that), and a fixed lease is lost at the send + `expire`.
+   */
   start(lock: HeldLock): void {
-    if (lock.renewing) this.plan(lock, now() + this.interval(lock), 'renew');
+    if (lock.renewing) this.plan(lock, lock.acquiredAt + this.interval(lock), 'renew');
     else this.plan(lock, lock.leaseEndsAt, 'expired');
   }
 
@@ -90,8 +96,9 @@ export class Watchdog {
     if (this.timer && this.timerAt <= first.dueAt) return;
     clearTimeout(this.timer);
     this.timerAt = first.dueAt;
-    this.timer = setTimeout(() => this.tick(), Math.max(0, first.dueAt - now()));
-    this.timer.unref();
+    const timer = this.outside(() => setTimeout(() => this.tick(), Math.max(0, first.dueAt - now())));
+    timer.unref();
+    this.timer = timer;
   }
 
   private disarm(): void {

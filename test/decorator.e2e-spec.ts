@@ -897,7 +897,7 @@ describe('@DisLock on plain providers', () => {
       const innerHandle = must(inner.handle);
       expect(innerHandle.owner).toBe(outer.owner);
       expect(innerHandle.name).toBe('re:1');
-      expect(inner.hash).toEqual({ [outer.owner]: '2' });
+      expect(inner.hash).toEqual({ [outer.owner]: '1' });
       expect(inner.pttl).toBeGreaterThan(0);
       expect(afterInner).toEqual({ [outer.owner]: '1' });
       expect(await exists(key('re:1'))).toBe(0);
@@ -906,7 +906,7 @@ describe('@DisLock on plain providers', () => {
     it('LockService.lock on the same name inside the method re-enters it', async () => {
       const result = await t.get(Reentrant).viaService(2);
       expect(result.again.owner).toBe(result.outer.owner);
-      expect(result.during).toEqual({ [result.outer.owner]: '2' });
+      expect(result.during).toEqual({ [result.outer.owner]: '1' });
       expect(result.released).toBe(false);
       expect(result.after).toEqual({ [result.outer.owner]: '1' });
       expect(await exists(key('re:2'))).toBe(0);

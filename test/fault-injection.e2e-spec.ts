@@ -485,7 +485,7 @@ describe('fault injection', () => {
       }
     });
 
-    it('a reentrant release that finds the lock gone reports it; the outer release then adds nothing', async () => {
+    it('a lock deleted under a reentrant hold is reported once, by the release that reaches Redis', async () => {
       const redis = track(sharedClient());
       const outerHook = hook();
       const innerHook = hook();
@@ -497,10 +497,12 @@ describe('fault injection', () => {
           outerHandle = outer;
           const inner = await t.locks.lock('nested-lost', { onLockLost: innerHook });
           expect(inner.fencingToken).toBe(outer.fencingToken);
-          expect(await redis.hgetall(outer.key)).toEqual({ [outer.owner]: '2' });
+          expect(await redis.hgetall(outer.key)).toEqual({ [outer.owner]: '1' });
           await redis.del(outer.key);
+          // The nested release only counts down in this process (reentrant holds are not counted
+          // in Redis, so a re-sent command can never count one twice): it sees nothing yet.
           expect(await inner.release()).toBe(false);
-          expect(lostReason(outer.signal.reason)).toBe('not-owner');
+          expect(outer.signal.aborted).toBe(false);
         },
         { lockWatchdogTimeout: 3_000, onLockLost: outerHook },
       );
@@ -569,7 +571,7 @@ describe('fault injection', () => {
           outer.fencingToken,
           outer.fencingToken,
         ]);
-        expect(await redis.hgetall(outer.key)).toEqual({ [outer.owner]: '3' });
+        expect(await redis.hgetall(outer.key)).toEqual({ [outer.owner]: '1' });
         expect(await redis.get(fenceKey)).toBe(String(outer.fencingToken)); // no token issued
         expect(await inner.release()).toBe(false);
         expect(await tried.release()).toBe(false);

@@ -225,11 +225,11 @@ describe('LockService on a real Redis', () => {
       expect(await next.release()).toBe(false);
     });
 
-    it('a reentrant hold releases with false and leaves count - 1', async () => {
+    it('a reentrant hold releases with false and leaves the outer hold in place', async () => {
       const name = fresh();
       await locks.withLock(name, async (outer) => {
         const inner = await locks.lock(name);
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '2' });
+        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
         expect(await inner.release()).toBe(false);
         expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
         expect(await inner.release()).toBe(false);
@@ -250,7 +250,7 @@ describe('LockService on a real Redis', () => {
           const after = await redis.pttl(key(name));
           expect(after).toBeGreaterThan(0);
           expect(after).toBeLessThanOrEqual(before); // not stretched to 60 s
-          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '2' });
+          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
           expect(await inner.release()).toBe(false);
         },
         { expire: 1_000 },
@@ -264,25 +264,25 @@ describe('LockService on a real Redis', () => {
         await locks.withLock(name, async (inner) => {
           expect(inner.owner).toBe(outer.owner);
           expect(inner.signal).toBe(outer.signal);
-          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '2' });
+          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
           await locks.withLock(name, async () => {
-            expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '3' });
+            expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
           });
-          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '2' });
+          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
         });
         expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
 
         const viaLock = await locks.lock(name);
         expect(viaLock.owner).toBe(outer.owner);
         expect(viaLock.signal).toBe(outer.signal);
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '2' });
+        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
         await viaLock.release();
         expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
 
         const viaTry = await locks.tryLock(name);
         expect(viaTry?.owner).toBe(outer.owner);
         expect(viaTry?.signal).toBe(outer.signal);
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '2' });
+        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
         await viaTry?.release();
         expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
       });
@@ -493,7 +493,7 @@ describe('LockService on a real Redis', () => {
           inner.stopRenewal();
           await sleep(700); // > 2 leases
           expect(outer.signal.aborted).toBe(false);
-          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '2' });
+          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
           await inner.release();
         },
         { lockWatchdogTimeout: 300 },

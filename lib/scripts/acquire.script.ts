@@ -1,19 +1,20 @@
 import { LuaScript } from './lua-script';
 
 /**
- * acquire: take a free lock and issue its fencing token, or re-enter one the caller already owns.
+ * acquire: take a free lock for a new owner and issue its fencing token.
  *
  * KEYS[1]  the lock hash
  * KEYS[2]  the fencing counter of KEYS[1]'s hash slot (a string: the last token issued there)
- * ARGV[1]  owner id
- * ARGV[2]  lease in ms (used only when the lock is taken, not on re-entry)
- * ARGV[3]  '1' to re-enter only: count up an existing hold of ARGV[1], never create the key
- *          (a re-entry leaves the lease alone: it belongs to the outermost acquisition)
+ * ARGV[1]  owner id: fresh for every attempt, so no other caller ever sends it
+ * ARGV[2]  lease in ms
  *
- * Returns {1, holdCount, token} when taken, {1, holdCount} when re-entered (the holder keeps the
- * token it got), and {0, pttl} otherwise: another owner holds it (pttl -1: the key has no expiry;
- * a key of another type counts as held by someone else), or, when re-entering, the caller's hold
- * is gone (pttl -2 if the key does not exist).
+ * Returns {1, token} when taken and {0, pttl} when another owner holds it (pttl -1: the key has
+ * no expiry; a key of another type counts as held by someone else).
+ *
+ * Safe to run twice: a client that re-sends the command after a lost reply (ioredis does, by
+ * default, when the connection drops) finds its own owner id already in the hash. That can only
+ * be its own first run, so it answers "taken" again, with a new token: the first one never
+ * reached the caller, and the new one is still larger than every token issued before it.
  *
  * The token is the server's clock in microseconds, or the slot's last token + 1 when that is not
  * smaller: it grows strictly with every acquisition in the slot, across releases and expiries, and
@@ -24,22 +25,19 @@ export const ACQUIRE_SCRIPT = new LuaScript(
   'acquire',
   `
 local key, owner = KEYS[1], ARGV[1]
-if ARGV[3] == '1' then
-  if redis.call('type', key).ok == 'hash' and redis.call('hexists', key, owner) == 1 then
-    return {1, redis.call('hincrby', key, owner, 1)}
-  end
+local free = redis.call('exists', key) == 0
+if not free and not (redis.call('type', key).ok == 'hash' and redis.call('hexists', key, owner) == 1) then
   return {0, redis.call('pttl', key)}
 end
-if redis.call('exists', key) == 0 then
-  local now = redis.call('time')
-  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local last = tonumber(redis.call('get', KEYS[2]))
-  if last and last >= token then token = last + 1 end
-  redis.call('set', KEYS[2], string.format('%.0f', token))
+local now = redis.call('time')
+local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local last = tonumber(redis.call('get', KEYS[2]))
+if last and last >= token then token = last + 1 end
+redis.call('set', KEYS[2], string.format('%.0f', token))
+if free then
   redis.call('hset', key, owner, 1)
   redis.call('pexpire', key, ARGV[2])
-  return {1, 1, token}
 end
-return {0, redis.call('pttl', key)}
+return {1, token}
 `,
 );

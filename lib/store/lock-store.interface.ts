@@ -4,16 +4,16 @@ export type { ReleaseWatch };
 
 /** Outcome of one acquire attempt. */
 export type AcquireResult =
-  /**
-   * Taken (or re-entered): `count` is the owner's hold count after this call. `token` is the
-   * fencing token issued to a fresh acquisition (absent on re-entry: the holder keeps its own).
-   */
-  | { readonly acquired: true; readonly count: number; readonly token?: number }
-  /**
-   * Held by another owner, or (re-entering) this owner's hold is gone: `ttl` is the key's
-   * remaining lease in ms (-1 when the key has none, -2 when there is no key).
-   */
+  /** Taken: `token` is the fencing token issued to this acquisition. */
+  | { readonly acquired: true; readonly token: number }
+  /** Held by another owner: `ttl` is the key's remaining lease in ms (-1 when the key has none). */
   | { readonly acquired: false; readonly ttl: number };
+
+/** Whether an owner still holds its lock, and the key's remaining lease in ms (-2: no key). */
+export interface CheckResult {
+  readonly held: boolean;
+  readonly ttl: number;
+}
 
 /** One lock to renew: its key, the owner expected in it and the lease to reset it to. */
 export interface RenewRequest {
@@ -31,37 +31,45 @@ export type ReleaseResult =
   | 'released'
   /** The key is gone, and waiters elsewhere (other processes) were told: they are about to try. */
   | 'released-contended'
-  /** The owner's hold count went down but is still above zero (a reentrant hold remains). */
-  | 'decremented'
   /** The caller does not own the lock (any more); nothing was changed. */
   | 'not-owner';
 
 /**
- * The narrow seam between the lock logic and a backend. Every method is atomic on the backend
- * and owner-checked; the lock for `key` is a hash `{ [owner]: holdCount }` whose TTL is the lease.
+ * The narrow seam between the lock logic and a backend. Every method is atomic on the backend,
+ * owner-checked, and has its effect once even when the backend sees it twice (a client may re-send
+ * a command whose reply a dropped connection lost). The lock for `key` is a hash `{ [owner]: 1 }`
+ * whose TTL is the lease; reentrant holds are counted by the process that holds the lock.
  *
  * Single-instance Redis implements it today; Cluster, Sentinel, Redlock and an in-memory store
  * for unit tests slot in beside it.
  */
 export interface LockStore {
   /**
-   * Take the free lock for a new `owner` with a lease of `leaseMs` and issue a fencing token that
-   * is larger than every token issued for `key` before; or, with `reenter`, count up the hold that
-   * `owner` already has (the lease is left alone, and a missing hold is not created).
+   * Take the free lock for a new `owner` (an id never used before) with a lease of `leaseMs` and
+   * issue a fencing token that is larger than every token issued for `key` before. When the
+   * outcome cannot be known (no answer in time), the store gives the hold back by itself as soon as
+   * it can, so that a lock nobody was told about never outlives the call by more than that.
    */
-  acquire(key: string, owner: string, leaseMs: number, reenter?: boolean): Promise<AcquireResult>;
+  acquire(key: string, owner: string, leaseMs: number): Promise<AcquireResult>;
+  /** Whether `owner` still holds `key` (for a reentrant acquisition); changes nothing. */
+  check(key: string, owner: string): Promise<CheckResult>;
   /**
    * Reset the lease of each lock whose owner still holds it, in as few round trips as the backend
    * allows. One outcome per request, in order; never rejects (a failed call gives its requests an
    * `{ error }` outcome).
    */
   renew(requests: readonly RenewRequest[]): Promise<RenewOutcome[]>;
-  /** Drop one hold of `owner` (`force`: all of them). Never touches a lock of another owner. */
-  release(key: string, owner: string, force?: boolean): Promise<ReleaseResult>;
+  /**
+   * Drop `owner`'s hold. Never touches a lock of another owner. Local watchers of `key` (see
+   * `watch`) are woken whenever the release is known to have freed the lock, whether its own
+   * reply said so or, when that reply was lost or late, its announcement came back.
+   */
+  release(key: string, owner: string): Promise<ReleaseResult>;
   /**
    * Listen for releases of `key` (by any process). Resolves once listening, or once that failed
    * (`listening: false`); never rejects. Call before the retry that follows a failed attempt, so
-   * that a release in between is not missed.
+   * that a release in between is not missed. Every watch is also woken when the listening
+   * connection comes back after a drop: a release announced meanwhile was not heard.
    */
   watch(key: string): Promise<ReleaseWatch>;
   /** Close what the store opened itself; a client handed in by the application stays open. */

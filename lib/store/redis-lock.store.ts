@@ -2,11 +2,13 @@ import { randomBytes } from 'node:crypto';
 import { describeError } from '../describe-error';
 import { ACQUIRE_SCRIPT } from '../scripts/acquire.script';
 import type { LuaScript } from '../scripts/lua-script';
+import { CHECK_SCRIPT } from '../scripts/check.script';
 import { RELEASE_SCRIPT } from '../scripts/release.script';
 import { RENEW_SCRIPT } from '../scripts/renew.script';
 import { fenceKeyFor, keySlot, slotTag } from './fence-key';
 import type {
   AcquireResult,
+  CheckResult,
   LockStore,
   ReleaseResult,
   ReleaseWatch,
@@ -14,12 +16,12 @@ import type {
   RenewRequest,
 } from './lock-store.interface';
 import { closeRedis, type RedisClient } from './redis-client';
+import { ReleaseEchoes } from './release-echoes';
 import { ReleaseSubscriber } from './release-subscriber';
 
 const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
   0: 'not-owner',
   1: 'released',
-  2: 'decremented',
   3: 'released-contended',
 };
 
@@ -57,6 +59,11 @@ export class RedisLockStore implements LockStore {
   private sweepTimer: NodeJS.Timeout | undefined;
   /** Why a client this store created last failed to connect, until it is ready again. */
   private connectionError: Error | undefined;
+  /** How many times the client's connection has closed: a command in flight across one may have run twice. */
+  private connections = 0;
+  private readonly countConnection = (): void => void (this.connections += 1);
+  /** This store's own release announcements, until it knows whether each has woken the local waiters. */
+  private readonly echoes: ReleaseEchoes;
 
   constructor(
     private readonly client: RedisClient,
@@ -66,8 +73,10 @@ export class RedisLockStore implements LockStore {
     private readonly keyPrefix: string,
   ) {
     slotTag(0); // build the slot table now rather than on the first acquisition
-    this.releases = new ReleaseSubscriber(client, this.id, (operation) => this.bounded(operation));
+    this.echoes = new ReleaseEchoes(this.id);
+    this.releases = new ReleaseSubscriber(client, (operation) => this.bounded(operation), this.echoes);
     this.cluster = (client as { isCluster?: boolean }).isCluster === true;
+    client.on('close', this.countConnection);
     if (owned) {
       // A timed-out operation then says why (a wrong password, a bad certificate) instead of only
       // that nothing answered. An application's own client is left without extra listeners.
@@ -76,29 +85,23 @@ export class RedisLockStore implements LockStore {
     }
   }
 
-  async acquire(key: string, owner: string, leaseMs: number, reenter = false): Promise<AcquireResult> {
+  async acquire(key: string, owner: string, leaseMs: number): Promise<AcquireResult> {
     const keys = [key, fenceKeyFor(this.keyPrefix, key)];
-    const pending = ACQUIRE_SCRIPT.run(this.client, keys, [owner, leaseMs, reenter ? '1' : '0']);
+    const pending = ACQUIRE_SCRIPT.run(this.client, keys, [owner, leaseMs]);
     let reply: unknown;
     try {
       reply = await this.bounded(pending);
     } catch (error) {
-      if (error instanceof StoreTimeoutError) {
-        // The command may still reach Redis later (ioredis queues it while reconnecting). If it
-        // then takes the lock, nobody would ever release it: give that one hold back as soon as it
-        // lands (one hold only, so a late reentrant acquisition never frees its outer holder's lock).
-        pending.then(
-          (late) => {
-            if (Array.isArray(late) && late[0] === 1) void this.release(key, owner).catch(() => undefined);
-          },
-          () => undefined,
-        );
-      }
+      if (error instanceof StoreTimeoutError) this.giveBack(key, owner, pending);
       throw error;
     }
-    const [taken, value, token] = reply as [number, number, number | undefined];
-    if (taken !== 1) return { acquired: false, ttl: value };
-    return token === undefined ? { acquired: true, count: value } : { acquired: true, count: value, token };
+    const [taken, value] = reply as [number, number];
+    return taken === 1 ? { acquired: true, token: value } : { acquired: false, ttl: value };
+  }
+
+  async check(key: string, owner: string): Promise<CheckResult> {
+    const [held, ttl] = (await this.run(CHECK_SCRIPT, [key], [owner])) as [number, number];
+    return { held: held === 1, ttl };
   }
 
   async renew(requests: readonly RenewRequest[]): Promise<RenewOutcome[]> {
@@ -118,11 +121,34 @@ export class RedisLockStore implements LockStore {
     return outcomes;
   }
 
-  async release(key: string, owner: string, force = false): Promise<ReleaseResult> {
-    const ownListeners = this.releases.isWatching(key) ? 1 : 0;
-    const reply = await this.run(RELEASE_SCRIPT, [key], [owner, force ? '1' : '0', this.id, ownListeners]);
-    const result = RELEASE_RESULTS[reply as number];
+  async release(key: string, owner: string): Promise<ReleaseResult> {
+    const watching = this.releases.isWatching(key);
+    const message = this.echoes.expect(watching);
+    const connection = this.connections;
+    let reply: unknown;
+    try {
+      reply = await this.run(RELEASE_SCRIPT, [key], [owner, message, watching ? 1 : 0]);
+    } catch (error) {
+      // It may have run (the reply was lost or is late): its announcement, if it comes back, wakes
+      // the local waiters then.
+      if (this.echoes.failed(message)) this.releases.wakeLocal(key);
+      throw error;
+    }
+    let result = RELEASE_RESULTS[reply as number];
     if (result === undefined) throw new Error(`Unexpected reply from the release script: ${String(reply)}`);
+    if (result === 'not-owner' && connection !== this.connections) {
+      // The connection dropped while this release was on its way, and the client re-sent it: this
+      // is the answer of the second copy, which found the hold that the first one had dropped
+      // already. (A lock lost in that same window is reported as released: either way it is no
+      // longer this owner's, and the code it protected has finished.)
+      result = 'released';
+    }
+    if (result === 'not-owner') {
+      this.echoes.forget(message);
+    } else {
+      this.echoes.handled(message);
+      this.releases.wakeLocal(key);
+    }
     return result;
   }
 
@@ -131,10 +157,26 @@ export class RedisLockStore implements LockStore {
   }
 
   async close(): Promise<void> {
+    this.client.off('close', this.countConnection);
     this.releases.close();
     // Operations still under way keep their deadlines: the sweep stops by itself once they settle.
     if (this.deadlines.size === 0) this.sweep();
     if (this.owned) await closeRedis(this.client, this.operationTimeout);
+  }
+
+  /**
+   * An acquisition whose answer did not come in time may still run (the command waits in the
+   * client while it reconnects, and is then re-sent): give its hold back now (the release queues
+   * behind it on the same connection), and again if its answer lands later saying it was taken.
+   * Both are owner-checked, so neither can touch a lock someone else took in between.
+   */
+  private giveBack(key: string, owner: string, pending: Promise<unknown>): void {
+    const release = (): void => void this.release(key, owner).catch(() => undefined);
+    release();
+    pending.then(
+      (late) => Array.isArray(late) && late[0] === 1 && release(),
+      () => undefined,
+    );
   }
 
   /**

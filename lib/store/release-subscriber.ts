@@ -1,5 +1,6 @@
 import { wakeOrTimeout } from '../wake-or-timeout';
 import type { RedisClient } from './redis-client';
+import type { ReleaseEchoes } from './release-echoes';
 
 /** One waiter's interest in the releases of one lock key. */
 export interface ReleaseWatch {
@@ -69,10 +70,10 @@ export class ReleaseSubscriber {
 
   constructor(
     private readonly source: RedisClient,
-    /** What this process's own releases publish: those are handled locally, their echo is ignored. */
-    private readonly selfId: string,
     /** The store's bound on a Redis round trip: rejects once it takes longer than `operationTimeout`. */
     private readonly bounded: (operation: Promise<unknown>) => Promise<unknown>,
+    /** Tells which of this store's own announcements still need to wake anyone. */
+    private readonly echoes: ReleaseEchoes,
   ) {}
 
   /** Watch the releases of `key`; resolves once subscribed (or once subscribing has failed). */
@@ -87,6 +88,11 @@ export class ReleaseSubscriber {
     channel.watches.add(watch);
     watch.listening = await channel.subscribed;
     return watch;
+  }
+
+  /** A release of `key` this process knows has run: wake its local watches as a message would. */
+  wakeLocal(key: string): void {
+    this.wakeChannel(this.channelOf(key));
   }
 
   /** Whether this subscriber listens on `key`'s channel (a local waiter watches it). */
@@ -125,6 +131,11 @@ export class ReleaseSubscriber {
     this.connection?.unsubscribe(watch.channel).catch(() => undefined);
   }
 
+  private wakeChannel(channel: string): void {
+    const watches = this.channels.get(channel)?.watches;
+    if (watches) for (const watch of watches) watch.wake();
+  }
+
   private open(): RedisClient {
     if (this.connection) return this.connection;
     const connection = this.source.duplicate();
@@ -132,11 +143,28 @@ export class ReleaseSubscriber {
     // down to their lease-bounded timers until ioredis reconnects and resubscribes.
     connection.on('error', () => undefined);
     connection.on('message', (channel: string, message: string) => {
-      if (message === this.selfId) return;
-      const watches = this.channels.get(channel)?.watches;
-      if (watches) for (const watch of watches) watch.wake();
+      if (this.echoes.isOwn(message) && !this.echoes.echoed(message)) return;
+      this.wakeChannel(channel);
+    });
+    let connectedBefore = false;
+    connection.on('ready', () => {
+      if (connectedBefore) void this.resubscribed(connection);
+      connectedBefore = true;
     });
     this.connection = connection;
     return connection;
+  }
+
+  /**
+   * The connection came back after a drop. ioredis subscribes again by itself, but releases
+   * announced while it was away were not heard: once subscribed again (so that none after this is
+   * missed either), wake every watch, so that each waiting line asks Redis at once.
+   */
+  private async resubscribed(connection: RedisClient): Promise<void> {
+    const channels = [...this.channels.keys()];
+    if (channels.length > 0) await this.bounded(connection.subscribe(...channels)).catch(() => undefined);
+    if (this.connection !== connection) return;
+    this.echoes.reset();
+    for (const channel of this.channels.keys()) this.wakeChannel(channel);
   }
 }
