@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import type { Cluster, Redis } from 'ioredis';
 import { describeError } from '../describe-error';
 import { ACQUIRE_SCRIPT } from '../scripts/acquire.script';
 import type { LuaScript } from '../scripts/lua-script';
@@ -76,7 +77,7 @@ export class RedisLockStore implements LockStore {
     this.echoes = new ReleaseEchoes(this.id);
     this.releases = new ReleaseSubscriber(client, (operation) => this.bounded(operation), this.echoes);
     this.cluster = (client as { isCluster?: boolean }).isCluster === true;
-    client.on('close', this.countConnection);
+    this.watchConnections(true);
     if (owned) {
       // A timed-out operation then says why (a wrong password, a bad certificate) instead of only
       // that nothing answered. An application's own client is left without extra listeners.
@@ -157,12 +158,33 @@ export class RedisLockStore implements LockStore {
   }
 
   async close(): Promise<void> {
-    this.client.off('close', this.countConnection);
+    this.watchConnections(false);
     this.releases.close();
     // Operations still under way keep their deadlines: the sweep stops by itself once they settle.
     if (this.deadlines.size === 0) this.sweep();
     if (this.owned) await closeRedis(this.client, this.operationTimeout);
   }
+
+  /**
+   * Count the closes of the connections lock commands travel on: the client's own, or on a
+   * Cluster each node's (a Cluster client re-sends a command whose node connection closed).
+   */
+  private watchConnections(on: boolean): void {
+    if (!this.cluster) {
+      if (on) this.client.on('close', this.countConnection);
+      else this.client.off('close', this.countConnection);
+      return;
+    }
+    const cluster = this.client as Cluster;
+    for (const node of cluster.nodes()) {
+      if (on) node.on('close', this.countConnection);
+      else node.off('close', this.countConnection);
+    }
+    if (on) cluster.on('+node', this.watchNode);
+    else cluster.off('+node', this.watchNode);
+  }
+
+  private readonly watchNode = (node: Redis): void => void node.on('close', this.countConnection);
 
   /**
    * An acquisition whose answer did not come in time may still run (the command waits in the
