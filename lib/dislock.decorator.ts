@@ -1,5 +1,4 @@
 import { Inject } from '@nestjs/common';
-import { PROPERTY_DEPS_METADATA } from '@nestjs/common/constants';
 import { type Observable, throwError } from 'rxjs';
 import { DISLOCK_METADATA } from './dislock.constants';
 import { DisLockInterceptor, type LockedMethodSpec } from './dislock.interceptor';
@@ -16,12 +15,18 @@ function declaresObservable(target: object, propertyKey: string | symbol): boole
   return typeof type === 'function' && typeof (type.prototype as { subscribe?: unknown })?.subscribe === 'function';
 }
 
-/** Adds the interceptor as an injected property of the class, once however many methods are locked. */
+/** Marks a class whose interceptor property injection is declared (own metadata: a subclass declares its own). */
+const INTERCEPTOR_INJECTED = Symbol('dislock:interceptor-injected');
+
+/**
+ * Adds the interceptor as an injected property of the class, once however many methods are locked.
+ * Only public Nest API is used (`@Inject` on a property); whether it was added already is kept in
+ * a marker of our own rather than read from Nest's internal metadata.
+ */
 function injectInterceptor(target: object): void {
-  const injected = (Reflect.getOwnMetadata(PROPERTY_DEPS_METADATA, target.constructor) ?? []) as { key: unknown }[];
-  if (!injected.some((dependency) => dependency.key === DISLOCK_INTERCEPTOR_PROPERTY)) {
-    Inject(DisLockInterceptor)(target, DISLOCK_INTERCEPTOR_PROPERTY);
-  }
+  if (Reflect.hasOwnMetadata(INTERCEPTOR_INJECTED, target.constructor)) return;
+  Inject(DisLockInterceptor)(target, DISLOCK_INTERCEPTOR_PROPERTY);
+  Reflect.defineMetadata(INTERCEPTOR_INJECTED, true, target.constructor);
 }
 
 /** Keeps the wrapped method's identity: name, length and every metadata key set on it so far. */
