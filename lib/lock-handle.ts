@@ -61,6 +61,16 @@ export type HeldLockState =
   | 'shut-down';
 
 /**
+ * Until when (`performance.now()`) a lease asked for at `sentAt` certainly still runs in Redis: the
+ * lease less a margin of 2 ms + 1 % of it. Redis keeps expiry times in whole milliseconds (a lease
+ * can end up to 1 ms before this process's sub-millisecond clock says), and a timer set for the end
+ * fires a little late; the margin keeps a loss reported before another owner can take the lock.
+ */
+export function leaseValidUntil(sentAt: number, leaseMs: number): number {
+  return sentAt + leaseMs - (2 + leaseMs / 100);
+}
+
+/**
  * The state one owner keeps for one lock while it holds it: the owner id, the lease, the
  * watchdog's timer and the abort signal shared by the outermost and every reentrant handle.
  * Exists from acquisition to release, so memory is bounded by the locks held, not names seen.
@@ -81,7 +91,7 @@ export class HeldLock implements Scheduled {
   keepKey = false;
   /** Renewals done so far. */
   renewals = 0;
-  /** `performance.now()` at which the lease ends, as far as this process knows. */
+  /** `performance.now()` until which the lease surely runs in Redis (see `leaseValidUntil`). */
   leaseEndsAt: number;
   /** What the watchdog has due for this lock next, and when (`performance.now()`); see `Watchdog`. */
   due: WatchdogDue | undefined;
@@ -103,7 +113,7 @@ export class HeldLock implements Scheduled {
     /** Leave the key to expire at shutdown instead of deleting it (`ifExpireWhenFinish: false`). */
     readonly keepOnShutdown: boolean,
   ) {
-    this.leaseEndsAt = acquiredAt + this.leaseMs;
+    this.leaseEndsAt = leaseValidUntil(acquiredAt, this.leaseMs);
   }
 
   /** Made on first use: most locks are released without anyone reading their signal. */

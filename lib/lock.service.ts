@@ -16,7 +16,7 @@ import {
   LockNotAcquiredError,
   RedisUnavailableError,
 } from './errors';
-import { Handle, HeldLock, type LockHandle } from './lock-handle';
+import { Handle, HeldLock, type LockHandle, leaseValidUntil } from './lock-handle';
 import type { LockLostEvent, LockLostHandler } from './lock-lost.event';
 import { FENCE_MARKER } from './store/fence-key';
 import { LockScope } from './lock-scope';
@@ -454,7 +454,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       throw acquireFailed(name, error);
     }
     if (!result.acquired) return result.ttl;
-    if (now() >= sentAt + lease) {
+    if (now() >= leaseValidUntil(sentAt, lease)) {
       // The answer came after the lease it granted may have ended in Redis: another owner may
       // hold the lock by now. Never hand that out: give the hold back (owner-checked) and count
       // this attempt as a miss.
