@@ -6,6 +6,8 @@
  * with an IPC channel (see worker-process.ts). Its configuration is the JSON argument.
  */
 
+import type { HistoryEvent } from '../history/history';
+
 /** A lease as `@DisLock` takes it: a fixed `expire`, or a watchdog lease (`lockWatchdogTimeout`). */
 export type Lease = { expire: number } | { lockWatchdogTimeout: number };
 
@@ -57,9 +59,11 @@ export type ChildMessage =
   | { type: 'ready' }
   | { type: 'done'; report: CounterReport }
   | { type: 'locked'; key: string; owner: string }
-  | { type: 'failed'; error: string };
+  | { type: 'failed'; error: string }
+  | { type: 'history'; events: HistoryEvent[] }
+  | { type: 'history-done'; events: HistoryEvent[] };
 
-export type ParentMessage = { type: 'go' } | { type: 'release' };
+export type ParentMessage = { type: 'go' } | { type: 'release' } | { type: 'stop' };
 
 /** Redis keys of the counter experiment, next to the lock `counter` under the same prefix. */
 export function counterKeys(keyPrefix: string) {

@@ -105,6 +105,16 @@ export class WorkerProcess {
     }
   }
 
+  /** Every message of `type` received so far, taken out of the inbox (none: an empty list). */
+  drain<T extends ChildMessage['type']>(type: T): MessageOf<T>[] {
+    const taken: MessageOf<T>[] = [];
+    for (let i = 0; i < this.inbox.length;) {
+      if (this.inbox[i].type === type) taken.push(this.inbox.splice(i, 1)[0] as MessageOf<T>);
+      else i += 1;
+    }
+    return taken;
+  }
+
   send(message: ParentMessage): void {
     if (this.child.connected) this.child.send(message);
   }

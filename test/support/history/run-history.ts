@@ -1,0 +1,140 @@
+/**
+ * One randomized run: a lock Redis and a fence Redis (both test-owned), one fault proxy and one
+ * history worker (a Nest app, see ../workers/history.worker.ts) per process, and a scheduler that
+ * injects a random fault into a random worker's connection every 100-400 ms. Everything the run
+ * chooses comes from `seed`, so a failing seed replays the same schedule of faults and the same
+ * choices in the workers (the interleaving, of course, differs run to run).
+ */
+import { ACQUIRE_SCRIPT } from '../../../lib/scripts/acquire.script';
+import { CHECK_SCRIPT } from '../../../lib/scripts/check.script';
+import type { LuaScript } from '../../../lib/scripts/lua-script';
+import { RELEASE_SCRIPT } from '../../../lib/scripts/release.script';
+import { RENEW_SCRIPT } from '../../../lib/scripts/renew.script';
+import { type ConnectionKind, FaultProxy, isScript } from '../fault-proxy';
+import { RedisServer } from '../redis-server';
+import type { HistoryWorkerConfig } from '../workers/history.worker';
+import { type WorkerProcess, WorkerSet } from '../workers/worker-process';
+import { checkHistory, clock, type FaultRecord, type HistoryEvent, prng, summarize, type Violation } from './history';
+
+export interface HistoryRunOptions {
+  readonly seed: number;
+  readonly workers?: number;
+  /** How long the workers take locks, faults and all (start-up and shutdown come on top). */
+  readonly durationMs: number;
+  /** How many lock names the workers share. */
+  readonly names?: number;
+  /** Inject faults (default) or not. */
+  readonly faults?: boolean;
+  /** The control run: the same work without any lock. The checker must then find overlaps. */
+  readonly lockless?: boolean;
+  readonly operationTimeoutMs?: number;
+  /** Copy the workers' output to stderr. */
+  readonly echo?: boolean;
+}
+
+export interface HistoryRun {
+  readonly seed: number;
+  readonly events: HistoryEvent[];
+  readonly faults: FaultRecord[];
+  readonly violations: Violation[];
+  readonly summary: string;
+}
+
+const SCRIPTS: readonly LuaScript[] = [ACQUIRE_SCRIPT, CHECK_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT];
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun> {
+  const count = options.workers ?? 3;
+  const operationTimeout = options.operationTimeoutMs ?? 400;
+  const random = prng(options.seed);
+  const lockServer = await RedisServer.start();
+  const fenceServer = await RedisServer.start();
+  const proxies: FaultProxy[] = [];
+  const set = new WorkerSet();
+  const events: HistoryEvent[] = [];
+  const faults: FaultRecord[] = [];
+  try {
+    for (let i = 0; i < count; i += 1) proxies.push(await FaultProxy.start(lockServer.port));
+    const workers = proxies.map((proxy, worker) => {
+      const config: HistoryWorkerConfig = {
+        worker,
+        redis: proxy.url,
+        fence: fenceServer.url,
+        keyPrefix: `history:${options.seed}:`,
+        names: Array.from({ length: options.names ?? 3 }, (_, i) => `name-${i}`),
+        seed: (options.seed * 7_919 + worker * 104_729) >>> 0,
+        operationTimeout,
+        loops: 2,
+        lockless: options.lockless ?? false,
+        deadlineMs: options.durationMs + 120_000,
+      };
+      return set.start('history', config, { echo: options.echo });
+    });
+    await Promise.all(workers.map((w) => w.next('ready', 60_000)));
+    for (const w of workers) w.send({ type: 'go' });
+    const collect = (w: WorkerProcess): void => {
+      for (const message of w.drain('history')) events.push(...message.events);
+    };
+    const until = clock() + options.durationMs;
+    const injected: Promise<void>[] = [];
+    while (clock() < until) {
+      await sleep(100 + random() * 300);
+      if (options.faults !== false) injected.push(inject(random, proxies, faults));
+      workers.forEach(collect);
+    }
+    for (const w of workers) w.send({ type: 'stop' });
+    for (const w of workers) {
+      const done = await w.next('history-done', 60_000);
+      collect(w);
+      events.push(...done.events);
+    }
+    // Faults armed but never triggered are cancelled by close() below; none of them bit.
+    await Promise.all(proxies.map((proxy) => proxy.close()));
+    await Promise.all(injected);
+  } finally {
+    await set.killAll();
+    await Promise.all(proxies.map((proxy) => proxy.close()));
+    await lockServer.dispose();
+    await fenceServer.dispose();
+  }
+  const violations = checkHistory(events, faults, { operationTimeoutMs: operationTimeout });
+  return { seed: options.seed, events, faults, violations, summary: summarize(events, faults) };
+}
+
+/** One random fault on one random worker's proxy; its record is added once it has bitten. */
+async function inject(random: () => number, proxies: readonly FaultProxy[], faults: FaultRecord[]): Promise<void> {
+  const worker = Math.floor(random() * proxies.length);
+  const proxy = proxies[worker];
+  const script = SCRIPTS[Math.floor(random() * SCRIPTS.length)];
+  const roll = random();
+  const note = (kind: string, from: number, to = clock()): void => void faults.push({ worker, kind, from, to });
+  try {
+    if (roll < 0.3) {
+      await proxy.dropReply(isScript(script));
+      note(`drop ${script.name} + reset`, clock());
+    } else if (roll < 0.42) {
+      const stallMs = 100 + random() * 500;
+      await proxy.dropReply(isScript(script), { then: 'stall' });
+      const from = clock();
+      await sleep(stallMs);
+      proxy.resetConnections('command');
+      note(`drop ${script.name} + stall`, from);
+    } else if (roll < 0.64) {
+      const delayMs = 20 + random() * 580;
+      await proxy.delayReply(isScript(script), delayMs);
+      note(`delay ${script.name}`, clock() - delayMs);
+    } else if (roll < 0.82) {
+      const kind: ConnectionKind = (['subscriber', 'command', 'all'] as const)[Math.floor(random() * 3)];
+      proxy.resetConnections(kind);
+      note(`reset ${kind}`, clock());
+    } else {
+      const ms = 50 + random() * 450;
+      const thenReset = random() < 0.5;
+      const from = clock();
+      await proxy.blackhole(ms, { thenReset });
+      note(thenReset ? 'blackhole + reset' : 'blackhole', from);
+    }
+  } catch {
+    // The proxy closed before this fault bit: it never happened.
+  }
+}
