@@ -10,9 +10,13 @@
  * default) a worker retries after each LockNotAcquiredError; otherwise every call waits up to that.
  * `--no-lock` runs the same workers without `@DisLock`: a check that the script does see a violation.
  * Not a jest test (jest only picks up *.spec.ts / *.e2e-spec.ts).
+ *
+ * `npm run stress -- --faults ...` runs the randomized history check under network faults instead
+ * (see fault-history.ts).
  */
 import { parseArgs } from 'node:util';
 import { RedisServer } from '../support/redis-server';
+import { faultHistory } from './fault-history';
 import {
   describeRun,
   type MutualExclusionRun,
@@ -102,7 +106,7 @@ async function main(): Promise<number> {
   }
 }
 
-main().then(
+(process.argv.includes('--faults') ? faultHistory(process.argv.slice(2)) : main()).then(
   (code) => process.exit(code),
   (error: unknown) => {
     console.error(error instanceof Error ? error.message : error);
