@@ -247,11 +247,13 @@ function checkWakeUps(
       const late = wait.until - r;
       const excused = stalled(wait.worker, r, wait.until) + stalled(release.worker, r - WAKE_MARGIN_MS, wait.until);
       if (late - excused <= WAKE_MARGIN_MS) continue;
+      const next = holds.find((h) => h.name === release.name && h.start > r);
       violations.push({
         rule: 'lost-wake-up',
         text:
           `"${release.name}": worker ${release.worker} released it at ${fmt(r)}; worker ${wait.worker}, waiting since ` +
-          `${fmt(wait.from)}, was still waiting ${fmt(late)} ms later (${fmt(excused)} ms of it stalled) and nobody took it`,
+          `${fmt(wait.from)}, was still waiting ${fmt(late)} ms later (${fmt(excused)} ms of it stalled) and nobody took it` +
+          (next ? ` (the next hold: worker ${next.worker} at ${fmt(next.start)}, ${next.path})` : ''),
       });
     }
   }
