@@ -56,7 +56,7 @@ export interface HoldRecord {
   readonly toldBeforeWrite: boolean;
 }
 
-/** A release that freed a lock (the outermost hold's call finished without a loss). */
+/** A release that freed a lock: an explicit `release()` that answered true. */
 export interface ReleaseRecord {
   readonly kind: 'release';
   readonly worker: number;
@@ -247,7 +247,9 @@ function checkWakeUps(
       const late = wait.until - r;
       const excused = stalled(wait.worker, r, wait.until) + stalled(release.worker, r - WAKE_MARGIN_MS, wait.until);
       if (late - excused <= WAKE_MARGIN_MS) continue;
-      const next = holds.find((h) => h.name === release.name && h.start > r);
+      const next = holds
+        .filter((h) => h.name === release.name && h.start > r)
+        .reduce<HoldRecord | undefined>((first, h) => (first && first.start <= h.start ? first : h), undefined);
       violations.push({
         rule: 'lost-wake-up',
         text:

@@ -60,7 +60,6 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
         worker,
         redis: proxy.url,
         fence: fenceServer.url,
-        direct: lockServer.url,
         keyPrefix: `history:${options.seed}:`,
         names: Array.from({ length: options.names ?? 3 }, (_, i) => `name-${i}`),
         seed: (options.seed * 7_919 + worker * 104_729) >>> 0,

@@ -31,8 +31,6 @@ export interface HistoryWorkerConfig {
   redis: string;
   /** The fenced resource: a Redis no fault touches. */
   fence: string;
-  /** The lock Redis itself, not through the proxy: to see whether a release really happened. */
-  direct: string;
   keyPrefix: string;
   names: string[];
   seed: number;
@@ -60,8 +58,6 @@ return 1
 
 const fence = new Redis(config.fence, { maxRetriesPerRequest: 1 });
 fence.on('error', () => undefined);
-const direct = new Redis(config.direct, { maxRetriesPerRequest: 1 });
-direct.on('error', () => undefined);
 const pending: HistoryEvent[] = [];
 const record = (event: HistoryEvent): void => void pending.push(event);
 let stopping = false;
@@ -224,15 +220,11 @@ async function oneCall(actor: Actor, locks: LockService): Promise<void> {
         record({ kind: 'give-up', worker: config.worker, name, waitedFrom: from, at: clock() });
       }
     }
-    // A locked method or withLock call settles after its release: one that was not lost freed the
-    // lock then. (A re-entry still running keeps it; the checker allows for that: the hold is the
-    // same owner's, and a waiter sees it taken.)
-    // Its release may also have failed under a fault (logged, not thrown): then the key still
-    // holds this owner, and the lock frees only at the end of its lease.
-    if (done && !done.lost) {
-      const at = clock();
-      const freed = path === 'lock' || (await direct.hexists(config.keyPrefix + name, done.owner)) === 0;
-      if (freed) record({ kind: 'release', worker: config.worker, name, owner: done.owner, at });
+    // Only an explicit release() that answered true is recorded as one: a locked method or
+    // withLock call also settles after its release, but cannot say whether that release freed the
+    // lock or failed (logged, not thrown) and left the key to expire, which announces nothing.
+    if (done && !done.lost && path === 'lock') {
+      record({ kind: 'release', worker: config.worker, name, owner: done.owner, at: clock() });
     }
   } catch (error) {
     if (error instanceof LockNotAcquiredError && waits) {
@@ -289,7 +281,6 @@ runWorker(async () => {
   clearInterval(ticker);
   await app.close();
   fence.disconnect();
-  direct.disconnect();
   await toParent({ type: 'history-done', events: pending.splice(0) });
   lifetime.finish();
 });
