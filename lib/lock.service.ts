@@ -571,7 +571,8 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       for (const [k, until] of this.givingWayUntil) if (until <= at) this.givingWayUntil.delete(k);
     }
     this.givingWayUntil.set(key, now() + GIVE_WAY_MS);
-    this.queues.get(key)?.wake(GIVE_WAY_MS);
+    const queue = this.queues.get(key);
+    if (queue) this.scope.outside(() => queue.wake(GIVE_WAY_MS)); // its timer belongs to no caller
   }
 
   /** ms left of giving way on `key` (0: none). */

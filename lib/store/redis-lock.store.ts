@@ -1,3 +1,4 @@
+import { AsyncResource } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
 import { describeError } from '../describe-error';
@@ -55,6 +56,8 @@ export class RedisLockStore implements LockStore {
   private readonly id = randomBytes(8).toString('hex');
   private readonly releases: ReleaseSubscriber;
   private readonly cluster: boolean;
+  /** The async context the store was made in (outside every caller's): its shared timer runs there. */
+  private readonly home = new AsyncResource('DisLockStore');
   /** Operations under way, and the one timer that times them out (see `bounded`). */
   private readonly deadlines = new Set<Deadline>();
   private sweepTimer: NodeJS.Timeout | undefined;
@@ -237,7 +240,10 @@ export class RedisLockStore implements LockStore {
       const entry: Deadline = { at: performance.now() + this.operationTimeout, reject };
       this.deadlines.add(entry);
       if (!this.sweepTimer) {
-        this.sweepTimer = setInterval(() => this.sweep(), Math.max(1, Math.ceil(this.operationTimeout / 10)));
+        // Made in the store's own async context, not in that of the call that happens to start it.
+        this.sweepTimer = this.home.runInAsyncScope(() =>
+          setInterval(() => this.sweep(), Math.max(1, Math.ceil(this.operationTimeout / 10))),
+        );
         this.sweepTimer.unref(); // a caller awaiting the operation is what matters, not the process
       }
       operation.then(
