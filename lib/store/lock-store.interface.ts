@@ -62,7 +62,8 @@ export interface LockStore {
   /**
    * Drop `owner`'s hold. Never touches a lock of another owner. Local watchers of `key` (see
    * `watch`) are woken whenever the release is known to have freed the lock, whether its own
-   * reply said so or, when that reply was lost or late, its announcement came back.
+   * reply said so or, when that reply was lost or late, its announcement came back; except on
+   * 'released-contended', where the caller picks the moment (it lets other processes go first).
    */
   release(key: string, owner: string): Promise<ReleaseResult>;
   /**

@@ -149,10 +149,12 @@ export class RedisLockStore implements LockStore {
     }
     if (result === 'not-owner') {
       this.echoes.forget(message);
-    } else {
-      this.echoes.handled(message);
-      this.releases.wakeLocal(key);
+      return result;
     }
+    this.echoes.handled(message);
+    // With waiters in other processes too, the caller decides when its own line goes next (it
+    // gives them a head start); otherwise the local line goes at once.
+    if (result === 'released') this.releases.wakeLocal(key);
     return result;
   }
 
