@@ -89,6 +89,7 @@ export interface ErrorRecord {
  */
 export interface PauseRecord {
   readonly kind: 'pause';
+  /** The worker, or -1 for the run's own process, whose proxies carry every worker's traffic. */
   readonly worker: number;
   readonly from: number;
   readonly to: number;
@@ -146,7 +147,8 @@ export function checkHistory(
   /** How long `worker`'s event loop stood still within [from, to], in ms. */
   const paused = (worker: number, from: number, to: number): number =>
     pauses.reduce(
-      (sum, p) => (p.worker === worker ? sum + Math.max(0, Math.min(p.to, to) - Math.max(p.from, from)) : sum),
+      (sum, p) =>
+        p.worker === worker || p.worker === -1 ? sum + Math.max(0, Math.min(p.to, to) - Math.max(p.from, from)) : sum,
       0,
     );
   for (const list of byName.values()) {

@@ -14,7 +14,17 @@ import { type ConnectionKind, FaultProxy, isScript } from '../fault-proxy';
 import { RedisServer } from '../redis-server';
 import type { HistoryWorkerConfig } from '../workers/history.worker';
 import { type WorkerProcess, WorkerSet } from '../workers/worker-process';
-import { checkHistory, clock, type FaultRecord, type HistoryEvent, prng, summarize, type Violation } from './history';
+import {
+  checkHistory,
+  clock,
+  type FaultRecord,
+  type HistoryEvent,
+  PAUSE_MS,
+  prng,
+  summarize,
+  TICK_MS,
+  type Violation,
+} from './history';
 
 export interface HistoryRunOptions {
   readonly seed: number;
@@ -53,6 +63,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
   const set = new WorkerSet();
   const events: HistoryEvent[] = [];
   const faults: FaultRecord[] = [];
+  let ticker: NodeJS.Timeout | undefined;
   try {
     for (let i = 0; i < count; i += 1) proxies.push(await FaultProxy.start(lockServer.port));
     const workers = proxies.map((proxy, worker) => {
@@ -72,6 +83,15 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     });
     await Promise.all(workers.map((w) => w.next('ready', 60_000)));
     for (const w of workers) w.send({ type: 'go' });
+    // The proxies run in this process: when its event loop stands still, every worker's traffic
+    // does too, which the checker must count like a stall of the worker itself.
+    let lastTick = clock();
+    ticker = setInterval(() => {
+      const at = clock();
+      const due = lastTick + TICK_MS;
+      if (at - due > PAUSE_MS) events.push({ kind: 'pause', worker: -1, from: due, to: at });
+      lastTick = at;
+    }, TICK_MS);
     const collect = (w: WorkerProcess): void => {
       for (const message of w.drain('history')) events.push(...message.events);
     };
@@ -92,6 +112,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     await Promise.all(proxies.map((proxy) => proxy.close()));
     await Promise.all(injected);
   } finally {
+    clearInterval(ticker);
     await set.killAll();
     await Promise.all(proxies.map((proxy) => proxy.close()));
     await lockServer.dispose();
