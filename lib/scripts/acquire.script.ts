@@ -26,7 +26,8 @@ export const ACQUIRE_SCRIPT = new LuaScript(
   `
 local key, owner = KEYS[1], ARGV[1]
 local free = redis.call('exists', key) == 0
-if not free and not (redis.call('type', key).ok == 'hash' and redis.call('hexists', key, owner) == 1) then
+-- pcall: a key of another type answers WRONGTYPE, which means held by someone else
+if not free and redis.pcall('hexists', key, owner) ~= 1 then
   return {0, redis.call('pttl', key)}
 end
 local now = redis.call('time')
