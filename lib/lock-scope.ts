@@ -1,4 +1,4 @@
-import { AsyncLocalStorage } from 'node:async_hooks';
+import { AsyncLocalStorage, AsyncResource } from 'node:async_hooks';
 import type { Handle } from './lock-handle';
 
 /** One link of the chain of locks held by the running async call chain, innermost first. */
@@ -19,6 +19,7 @@ function isLive(handle: Handle): boolean {
  */
 export class LockScope {
   private readonly storage = new AsyncLocalStorage<ScopeLink>();
+  private readonly home = new AsyncResource('DisLockScope');
 
   /**
    * Run `fn` with `handle` added to the current chain. Links of locks no longer held are dropped
@@ -36,7 +37,9 @@ export class LockScope {
    * from it, see no held lock, whoever's call happened to set them up.
    */
   outside<T>(fn: () => T): T {
-    return this.storage.exit(fn);
+    // The context this scope was made in (dependency injection, before any lock of it existed),
+    // rather than `storage.exit()`, which turns the async hooks off and on again at every call.
+    return this.home.runInAsyncScope(fn);
   }
 
   /** The innermost handle of the chain for `key` (any key when omitted) whose lock is still held. */
