@@ -60,6 +60,27 @@ async function watchForSecondHolder(
   return overlaps;
 }
 
+/** Polls `tryLock(name)` from another owner every few ms for `ms`: whether it ever got the lock. */
+async function everTaken(other: TestApp, name: string, ms: number): Promise<boolean> {
+  const until = performance.now() + ms;
+  let taken = false;
+  while (performance.now() < until) {
+    const got = await other.locks.tryLock(name).catch(() => null);
+    if (got) {
+      taken = true;
+      await got.release();
+    }
+    await sleep(10);
+  }
+  return taken;
+}
+
+/** Resolves once some connection through the proxy has sent SUBSCRIBE: a waiter is listening. */
+async function someoneSubscribed(proxy: FaultProxy): Promise<void> {
+  expect(await eventually(() => proxy.log.some((c) => isCommand('subscribe')(c.argv)), 2_000)).toBe(true);
+  await sleep(50); // its "one more try" after subscribing has been answered: it is asleep on the channel
+}
+
 @Injectable()
 class Detached {
   nested: Promise<boolean> | undefined;
@@ -134,20 +155,25 @@ describe('network faults between the library and Redis', () => {
       const lost = jest.fn();
       const dropped = proxy.dropReply(isScript(RELEASE_SCRIPT)); // the first release script sent, if any
       let outerHandle: LockHandle | undefined;
+      let finalRelease: jest.SpyInstance<Promise<boolean>, []> | undefined;
       await t.locks.withLock(
         'nested-release',
         async (outer) => {
           outerHandle = outer;
+          finalRelease = jest.spyOn(outer, 'release'); // withLock ends with this handle's release()
           const inner = await t.locks.lock('nested-release');
           expect(await inner.release()).toBe(false);
-          await sleep(100); // a re-sent copy has long run by now
-          expect(await other.locks.tryLock('nested-release')).toBeNull();
+          // The rest of the critical section: a re-sent copy of the nested release, if one was
+          // sent, has long run by now; the other owner must not get in at any point.
+          expect(await everTaken(other, 'nested-release', 150)).toBe(false);
           expect(await redis.hgetall(outer.key)).toEqual({ [outer.owner]: '1' });
           expect(outer.signal.aborted).toBe(false);
         },
         { onLockLost: lost },
       );
       await dropped; // the outer's release: Redis ran it, the client heard nothing and sent it again
+      expect(finalRelease?.mock.calls).toHaveLength(1);
+      await expect(finalRelease?.mock.results[0]?.value).resolves.toBe(true);
       expect(outerHandle?.signal.aborted).toBe(false);
       expect(lost).not.toHaveBeenCalled();
       expect(await redis.exists(`${t.prefix}nested-release`)).toBe(0);
@@ -253,7 +279,7 @@ describe('network faults between the library and Redis', () => {
 
     it('a fixed lease with a slow acquire reply is declared lost before another owner can take it (a guard: this held before too)', async () => {
       const { t, other } = await apps2({ operationTimeout: 2_000 });
-      const slow = proxy.delayReply(isScript(ACQUIRE_SCRIPT), 150);
+      const slow = proxy.delayReply(isScript(ACQUIRE_SCRIPT), 175); // 70 % of the lease
       const h = await t.locks.lock('slow-fixed', { expire: 250 });
       await slow;
       const overlaps = await watchForSecondHolder(other, 'slow-fixed', () => h, sleep(350));
@@ -335,7 +361,12 @@ describe('network faults between the library and Redis', () => {
   describe('4. timers, hooks and abort listeners run outside every caller’s lock scope', () => {
     it('an onLockLost hook and an abort listener see no current lock and cannot re-enter an unrelated hold', async () => {
       const { t } = await apps2();
-      const seen: { hook?: unknown; listener?: unknown; triedB?: LockHandle | null } = {};
+      const seen: {
+        hook?: unknown;
+        listener?: unknown;
+        triedB?: LockHandle | null;
+        listenerTriedB?: Promise<LockHandle | null>;
+      } = {};
       const hook = async (_event: LockLostEvent): Promise<void> => {
         seen.hook = t.locks.current() ?? null;
         seen.triedB = await t.locks.tryLock('scope-b');
@@ -344,12 +375,19 @@ describe('network faults between the library and Redis', () => {
       await t.locks.withLock('scope-b', async () => {
         // Taken inside B's flow (so the watchdog's timer is armed there), never released: it is lost.
         const a = await t.locks.lock('scope-a', { expire: 150, onLockLost: hook });
-        a.signal.addEventListener('abort', () => (seen.listener = t.locks.current() ?? null));
+        a.signal.addEventListener('abort', () => {
+          seen.listener = t.locks.current() ?? null;
+          seen.listenerTriedB = t.locks.tryLock('scope-b');
+        });
         await sleep(450);
       });
+      const listenerTriedB = await seen.listenerTriedB;
+      await listenerTriedB?.release();
       expect(seen.hook).toBeNull();
       expect(seen.listener).toBeNull();
       expect(seen.triedB).toBeNull();
+      expect(seen.listenerTriedB).toBeDefined();
+      expect(listenerTriedB).toBeNull();
     });
   });
 
@@ -358,14 +396,14 @@ describe('network faults between the library and Redis', () => {
       const { t, other } = await apps2();
       const holder = await other.locks.lock('resubscribe'); // a 30 s lease: only a release frees it
       const waiting = settle(t.locks.tryLock('resubscribe', { waitTime: 5_000 }));
-      expect(await eventually(() => proxy.log.some((c) => isCommand('subscribe')(c.argv)), 2_000)).toBe(true);
-      await sleep(50); // the waiter is asleep on the channel
+      await someoneSubscribed(proxy);
       expect(proxy.resetConnections('subscriber')).toBe(1);
       const releasedAt = performance.now();
       expect(await holder.release()).toBe(true); // announced while the subscriber is away
       const result = await waiting;
       expect(result.ok && result.value !== null).toBe(true);
-      expect(performance.now() - releasedAt).toBeLessThan(1_000);
+      // A reconnect (ioredis waits 50 ms before the first) and one round trip, not the 5 s waitTime.
+      expect(performance.now() - releasedAt).toBeLessThan(250);
       if (result.ok) await result.value?.release();
     });
 
@@ -373,8 +411,7 @@ describe('network faults between the library and Redis', () => {
       const { t } = await apps2({ operationTimeout: 300 });
       const h = await t.locks.lock('late-release'); // a 30 s lease
       const waiting = settle(t.locks.tryLock('late-release', { waitTime: 5_000 }));
-      expect(await eventually(() => proxy.log.some((c) => isCommand('subscribe')(c.argv)), 2_000)).toBe(true);
-      await sleep(50);
+      await someoneSubscribed(proxy);
       // Later than operationTimeout, but not by so much that the waiter's own attempt, whose reply
       // queues behind this one on the connection, times out as well.
       const late = proxy.delayReply(isScript(RELEASE_SCRIPT), 450);
@@ -385,6 +422,63 @@ describe('network faults between the library and Redis', () => {
       expect(result.ok && result.value !== null).toBe(true);
       expect(result.ms).toBeLessThan(2_000); // not the holder's 30 s lease, nor the 5 s waitTime
       if (result.ok) await result.value?.release();
+    });
+
+    it.each([
+      ['the default client, which re-sends it', {}],
+      ['autoResendUnfulfilledCommands: false', { autoResendUnfulfilledCommands: false }],
+    ])(
+      'a release whose reply is lost frees the lock, reports no loss and wakes the local waiter (%s)',
+      async (_client, resend) => {
+        const { t } = await apps2({
+          redis: { host: '127.0.0.1', port: proxy.port, ...resend },
+          operationTimeout: 300,
+        });
+        const lost = jest.fn();
+        const h = await t.locks.lock('lost-release-wakes', { onLockLost: lost }); // a 30 s lease
+        const waiting = settle(t.locks.tryLock('lost-release-wakes', { waitTime: 3_000 }));
+        await someoneSubscribed(proxy);
+        const dropped = proxy.dropReply(isScript(RELEASE_SCRIPT));
+        const released = await settle(h.release());
+        await dropped;
+        if (released.ok) expect(released.value).toBe(true);
+        else expect(released.error).toBeInstanceOf(RedisUnavailableError); // not re-sent: outcome unknown
+        if (!('autoResendUnfulfilledCommands' in resend)) expect(released.ok).toBe(true);
+        expect(h.signal.aborted).toBe(false);
+        expect(lost).not.toHaveBeenCalled();
+        const result = await waiting;
+        expect(result.ok && result.value !== null).toBe(true);
+        expect(result.ms).toBeLessThan(1_500); // not the 3 s waitTime, nor the 30 s lease
+        const next = result.ok ? result.value : null;
+        expect(await redis.hgetall(h.key)).toEqual(next ? { [next.owner]: '1' } : {});
+        await next?.release();
+      },
+    );
+
+    it('the give-back of an acquire answered after its timeout wakes the next local waiter', async () => {
+      const { t, other } = await apps2({ operationTimeout: 300 });
+      const holder = await other.locks.lock('give-back'); // a 30 s lease: only a release frees it
+      // The head of the line: it asks Redis, subscribes, and sleeps on the channel.
+      const head = settle(t.locks.lock('give-back', { waitTime: 3_000 }));
+      await someoneSubscribed(proxy);
+      // Joins the line behind the head and sends nothing until the head leaves it.
+      const next = settle(t.locks.tryLock('give-back', { waitTime: 3_000 }));
+      await sleep(20);
+      proxy.clearLog();
+      // The head's attempt after the release: Redis grants it, the answer comes after the timeout.
+      // (Not so late that the next waiter's attempt, queued behind it on the connection, times out.)
+      const late = proxy.delayReply(isScript(ACQUIRE_SCRIPT), 450);
+      const releasedAt = performance.now();
+      expect(await holder.release()).toBe(true);
+      const headResult = await head;
+      expect((headResult as { error: unknown }).error).toBeInstanceOf(RedisUnavailableError);
+      await late;
+      const nextResult = await next;
+      expect(nextResult.ok && nextResult.value !== null).toBe(true);
+      expect(performance.now() - releasedAt).toBeLessThan(1_500); // not the 3 s waitTime, nor a 30 s lease
+      const handle = nextResult.ok ? nextResult.value : null;
+      expect(await redis.hgetall(`${t.prefix}give-back`)).toEqual(handle ? { [handle.owner]: '1' } : {});
+      await handle?.release();
     });
   });
 });
