@@ -14,6 +14,7 @@ const OPTIONS = { operationTimeoutMs: 400 };
 
 function hold(overrides: Partial<HoldRecord> & Pick<HoldRecord, 'owner' | 'start' | 'end' | 'token'>): HoldRecord {
   return {
+    calledAt: overrides.waitedFrom ?? overrides.start,
     kind: 'hold',
     worker: 0,
     name: 'n',
@@ -94,6 +95,15 @@ describe('history checker', () => {
     it('does not count a release while a re-entry of the same owner still runs', () => {
       const nestedRunning = hold({ owner: 'a', start: 30, end: 300, token: 1, nested: true });
       expect(rules([first, nestedRunning, release, waiter(301)])).toEqual([]);
+    });
+
+    it('accepts it when a call under way at the release got the lock first, or one of unknown outcome may hold it', () => {
+      const slowReply = hold({ owner: 'c', worker: 2, start: 250, end: 260, token: 2, calledAt: 60 });
+      expect(rules([first, release, slowReply, waiter(400)])).toEqual([]);
+      const lateCaller = hold({ owner: 'c', worker: 2, start: 250, end: 260, token: 2, calledAt: 240 });
+      expect(rules([first, release, lateCaller, waiter(400)])).toEqual(['lost-wake-up']);
+      const unknown: HistoryEvent = { kind: 'unknown', worker: 2, name: 'n', from: 55, to: 360 };
+      expect(rules([first, release, unknown, waiter(400)])).toEqual([]);
     });
 
     it('accepts it when another owner took the lock in between, or a fault hit either process', () => {

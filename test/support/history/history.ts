@@ -47,6 +47,8 @@ export interface HoldRecord {
   readonly lostAt?: number;
   /** When the call that got this hold began, if it waited (`waitTime` > 0). */
   readonly waitedFrom?: number;
+  /** When the call that got this hold began (its acquisition reached Redis between this and `start`). */
+  readonly calledAt: number;
   readonly path: LockPath;
   /** A reentrant hold inside another hold of the same owner. */
   readonly nested: boolean;
@@ -74,6 +76,18 @@ export interface GiveUpRecord {
   readonly at: number;
 }
 
+/**
+ * A call that failed with Redis unavailable: its acquisition may still have taken the lock in
+ * Redis, which then stays taken until the library gives it back or its lease ends (`to`).
+ */
+export interface UnknownRecord {
+  readonly kind: 'unknown';
+  readonly worker: number;
+  readonly name: string;
+  readonly from: number;
+  readonly to: number;
+}
+
 /** Something unexpected in a worker: an error other than busy or Redis unavailable. */
 export interface ErrorRecord {
   readonly kind: 'error';
@@ -95,7 +109,7 @@ export interface PauseRecord {
   readonly to: number;
 }
 
-export type HistoryEvent = HoldRecord | ReleaseRecord | GiveUpRecord | ErrorRecord | PauseRecord;
+export type HistoryEvent = HoldRecord | ReleaseRecord | GiveUpRecord | ErrorRecord | PauseRecord | UnknownRecord;
 
 /** A fault injected into one worker's connection to Redis, from when it bit to when it was over. */
 export interface FaultRecord {
@@ -239,10 +253,15 @@ function checkWakeUps(
     const r = release.at;
     // A re-entry of the same owner still running keeps the lock: this release freed nothing yet.
     if (holds.some((h) => h.owner === release.owner && h.end > r)) continue;
-    const taken = holds.some((h) => h.name === release.name && h.start >= r - 1 && h.start <= r + WAKE_MARGIN_MS);
-    if (taken) continue;
+    const end = r + WAKE_MARGIN_MS;
+    // Someone may have taken the lock within the margin: a call under way then that got it first
+    // (its acquisition reached Redis before its handle came back), or one whose outcome is unknown.
+    const takers = holds.filter((h) => h.name === release.name && h.start >= r - 1 && h.calledAt <= end);
+    const unknown = events.some((e) => e.kind === 'unknown' && e.name === release.name && e.from <= end && e.to >= r);
+    if (unknown) continue;
     for (const wait of waits) {
-      if (wait.name !== release.name || wait.from >= r || wait.until <= r + WAKE_MARGIN_MS) continue;
+      if (wait.name !== release.name || wait.from >= r || wait.until <= end) continue;
+      if (takers.some((h) => h.worker !== wait.worker || h.calledAt !== wait.from)) continue;
       if (faulted(wait.worker, r - options.operationTimeoutMs, r + WAKE_MARGIN_MS)) continue;
       if (faulted(release.worker, r - options.operationTimeoutMs, r + WAKE_MARGIN_MS)) continue;
       // Time the waiter's process (or the releaser's) could not run does not count against it.

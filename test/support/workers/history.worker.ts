@@ -71,6 +71,7 @@ async function criticalSection(
   nested: boolean,
   waitedFrom: number | undefined,
   work: () => Promise<void>,
+  calledAt?: number,
 ): Promise<void> {
   const start = clock();
   let lostAt: number | undefined;
@@ -101,6 +102,7 @@ async function criticalSection(
     end,
     lostAt,
     waitedFrom,
+    calledAt: calledAt ?? waitedFrom ?? start,
     path,
     nested,
     write,
@@ -121,13 +123,13 @@ class Actor {
   constructor(private readonly locks: LockService) {}
 
   @DisLock({ key: '{0}', expire: 250 })
-  fixed(name: string): Promise<Outcome> {
-    return this.inside(name, 'decorator', undefined);
+  fixed(name: string, calledAt: number): Promise<Outcome> {
+    return this.inside(name, 'decorator', undefined, calledAt);
   }
 
   @DisLock({ key: '{0}', lockWatchdogTimeout: 300 })
-  renewed(name: string): Promise<Outcome> {
-    return this.inside(name, 'decorator', undefined);
+  renewed(name: string, calledAt: number): Promise<Outcome> {
+    return this.inside(name, 'decorator', undefined, calledAt);
   }
 
   @DisLock({ key: '{0}', expire: 250, waitTime: 800 })
@@ -141,10 +143,10 @@ class Actor {
   }
 
   /** The body of a locked method: the current lock is the one to report. */
-  async inside(name: string, path: LockPath, waitedFrom: number | undefined): Promise<Outcome> {
+  async inside(name: string, path: LockPath, waitedFrom: number | undefined, calledAt?: number): Promise<Outcome> {
     const handle = this.locks.current(name);
     if (!handle) throw new Error(`no current lock "${name}" inside its critical section`);
-    await criticalSection(name, handle, path, false, waitedFrom, () => this.maybeReenter(name));
+    await criticalSection(name, handle, path, false, waitedFrom, () => this.maybeReenter(name), calledAt);
     return { owner: handle.owner, lost: handle.signal.aborted };
   }
 
@@ -198,14 +200,20 @@ async function oneCall(actor: Actor, locks: LockService): Promise<void> {
     if (path === 'decorator') {
       const fixed = 'expire' in lease;
       if (waits) done = await (fixed ? actor.fixedWaiting(name, from) : actor.renewedWaiting(name, from));
-      else done = await (fixed ? actor.fixed(name) : actor.renewed(name));
+      else done = await (fixed ? actor.fixed(name, from) : actor.renewed(name, from));
     } else if (path === 'withLock') {
       await locks.withLock(
         name,
         async (handle) => {
           outcome = handle;
-          await criticalSection(name, handle, 'withLock', false, waits ? from : undefined, () =>
-            actor.maybeReenter(name),
+          await criticalSection(
+            name,
+            handle,
+            'withLock',
+            false,
+            waits ? from : undefined,
+            () => actor.maybeReenter(name),
+            from,
           );
         },
         { ...lease, waitTime: waits ? 800 : 0 },
@@ -214,7 +222,7 @@ async function oneCall(actor: Actor, locks: LockService): Promise<void> {
     } else {
       outcome = await locks.tryLock(name, { ...lease, waitTime: waits ? 800 : 0 });
       if (outcome) {
-        await criticalSection(name, outcome, 'lock', false, waits ? from : undefined, async () => undefined);
+        await criticalSection(name, outcome, 'lock', false, waits ? from : undefined, async () => undefined, from);
         if (await outcome.release()) done = { owner: outcome.owner, lost: false };
       } else if (waits) {
         record({ kind: 'give-up', worker: config.worker, name, waitedFrom: from, at: clock() });
@@ -230,6 +238,10 @@ async function oneCall(actor: Actor, locks: LockService): Promise<void> {
     if (error instanceof LockNotAcquiredError && waits) {
       record({ kind: 'give-up', worker: config.worker, name, waitedFrom: from, at: clock() });
       return;
+    }
+    // Its acquisition may have taken the lock all the same: held until given back or expired.
+    if (error instanceof RedisUnavailableError) {
+      record({ kind: 'unknown', worker: config.worker, name, from, to: clock() + 300 });
     }
     expected(error);
   }
