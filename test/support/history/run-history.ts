@@ -21,6 +21,7 @@ import {
   type HistoryEvent,
   PAUSE_MS,
   prng,
+  quietReleases,
   summarize,
   TICK_MS,
   type Violation,
@@ -48,7 +49,13 @@ export interface HistoryRun {
   readonly faults: FaultRecord[];
   readonly violations: Violation[];
   readonly summary: string;
+  /** Releases no fault came near: the ones the wake-up rule could judge. */
+  readonly quietReleases: number;
 }
+
+/** Faults are injected for FAULTY_MS of every CYCLE_MS. */
+const CYCLE_MS = 3_000;
+const FAULTY_MS = 2_000;
 
 const SCRIPTS: readonly LuaScript[] = [ACQUIRE_SCRIPT, CHECK_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT];
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
@@ -95,11 +102,15 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     const collect = (w: WorkerProcess): void => {
       for (const message of w.drain('history')) events.push(...message.events);
     };
-    const until = clock() + options.durationMs;
+    const startedAt = clock();
+    const until = startedAt + options.durationMs;
     const injected: Promise<void>[] = [];
     while (clock() < until) {
       await sleep(100 + random() * 300);
-      if (options.faults !== false) injected.push(inject(random, proxies, faults));
+      // Two seconds of faults, then one of calm: what happens once the network has recovered is
+      // what the wake-up rule can judge (near a fault, a hold may hide from the records).
+      const calm = (clock() - startedAt) % CYCLE_MS >= FAULTY_MS;
+      if (options.faults !== false && !calm) injected.push(inject(random, proxies, faults));
       workers.forEach(collect);
     }
     for (const w of workers) w.send({ type: 'stop' });
@@ -119,7 +130,9 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     await fenceServer.dispose();
   }
   const violations = checkHistory(events, faults, { operationTimeoutMs: operationTimeout });
-  return { seed: options.seed, events, faults, violations, summary: summarize(events, faults) };
+  const quietCount = quietReleases(events, faults, { operationTimeoutMs: operationTimeout });
+  const summary = `${summarize(events, faults)}; ${quietCount} releases far from any fault checked for wake-ups`;
+  return { seed: options.seed, events, faults, violations, summary, quietReleases: quietCount };
 }
 
 /** One random fault on one random worker's proxy; its record is added once it has bitten. */
