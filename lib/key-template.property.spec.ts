@@ -736,6 +736,11 @@ describe('compileKey: properties over hostile templates and arguments', () => {
           hits.push(PROBE);
           return INHERITED_VALUE;
         },
+        // A write still makes an own property, as it would without the getter (fast-check builds
+        // records by assignment in this same realm).
+        set(this: object, value: unknown) {
+          Object.defineProperty(this, PROBE, { value, writable: true, enumerable: true, configurable: true });
+        },
       });
     }
     try {

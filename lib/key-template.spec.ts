@@ -276,7 +276,7 @@ describe('compileKey: key functions', () => {
   });
 
   it('does not call the function at compile time', () => {
-    const fn = jest.fn(() => 'k');
+    const fn = vi.fn(() => 'k');
     const resolver = compileKey(fn);
     expect(fn).not.toHaveBeenCalled();
     resolver([]);

@@ -489,7 +489,7 @@ describe('@DisLock on plain providers', () => {
   });
 
   afterEach(() => {
-    jest.restoreAllMocks();
+    vi.restoreAllMocks();
   });
 
   describe('key resolution', () => {
@@ -554,7 +554,7 @@ describe('@DisLock on plain providers', () => {
     it('rejects with KeyResolutionError without running the method', async () => {
       const keyed = t.get(Keyed);
       const before = keyed.invoked;
-      const probe = jest.fn(async () => 'ran');
+      const probe = vi.fn(async () => 'ran');
       const results: unknown[] = [
         await rejection(keyed.byIndex(undefined, probe)),
         await rejection(keyed.byIndex({ id: 1 }, probe)),
@@ -573,7 +573,7 @@ describe('@DisLock on plain providers', () => {
     it('an Observable method fails on subscribe with KeyResolutionError, before running', async () => {
       const svc = t.get(ReturnTypes);
       const before = svc.streamCalls;
-      const probe = jest.fn(async () => 1);
+      const probe = vi.fn(async () => 1);
       const stream = svc.stream(undefined as unknown as number, 1, probe);
       expect(isObservable(stream)).toBe(true);
       expect(await rejection(lastValueFrom(stream))).toBeInstanceOf(KeyResolutionError);
@@ -613,7 +613,7 @@ describe('@DisLock on plain providers', () => {
 
     it('a method that returns an Observable without declaring it resolves to its last value, inside the lock', async () => {
       const svc = t.get(ReturnTypes);
-      const probe = jest.fn(() => redis.exists(key('undeclared:1')));
+      const probe = vi.fn(() => redis.exists(key('undeclared:1')));
       const result: unknown = svc.undeclaredStream(1, probe);
       expect(result).toBeInstanceOf(Promise);
       expect(await result).toBe(1); // the key existed when the Observable emitted
@@ -624,7 +624,7 @@ describe('@DisLock on plain providers', () => {
     it('a method declared to return Observable is lazy: no lock and no call until subscribe', async () => {
       const svc = t.get(ReturnTypes);
       const before = svc.streamCalls;
-      const probe = jest.fn(() => redis.exists(key('obs:1')));
+      const probe = vi.fn(() => redis.exists(key('obs:1')));
       const stream = svc.stream(1, 3, probe);
       expect(isObservable(stream)).toBe(true);
       await sleep(100);
@@ -664,7 +664,7 @@ describe('@DisLock on plain providers', () => {
 
     it('an Observable unsubscribed early (take(1)) frees the key', async () => {
       const svc = t.get(ReturnTypes);
-      const onFinalize = jest.fn();
+      const onFinalize = vi.fn();
       const first = await lastValueFrom(svc.ticks(1, onFinalize).pipe(take(1)));
       expect(first).toBe(0);
       expect(onFinalize).toHaveBeenCalledTimes(1); // the method's source was torn down
@@ -798,7 +798,7 @@ describe('@DisLock on plain providers', () => {
     });
 
     it('lets the key expire while the method still runs, and aborts its signal with reason "expired"', async () => {
-      const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+      const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
       const result = await t.get(Leases).outlive(1);
       expect(result.reason).toBeInstanceOf(LockLostError);
       expect(lostReason(result.reason)).toBe('expired');
@@ -811,7 +811,7 @@ describe('@DisLock on plain providers', () => {
     });
 
     it("a method outliving its lease does not release the next owner's lock", async () => {
-      const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+      const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
       const until = gate();
       const outliving = t.get(Leases).outliveGated(1, until.promise);
       expect(await eventually(async () => (await exists(key('exp-gated:1'))) === 1)).toBe(true);
@@ -843,7 +843,7 @@ describe('@DisLock on plain providers', () => {
     });
 
     it('stops at maxRenewTimes: the key disappears mid-method and the signal aborts with "max-renewals"', async () => {
-      const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+      const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
       const result = await t.get(Leases).capped(1);
       expect(lostReason(result.reason)).toBe('max-renewals');
       expect(result.goneInside).toBe(true);
@@ -1066,7 +1066,7 @@ describe('key resolution happens before Redis is touched', () => {
     const keyed = t.get(Keyed);
     await keyed.byIndex(1, async () => 0); // connected, scripts loaded
     await client.config('RESETSTAT');
-    const probe = jest.fn(async () => 0);
+    const probe = vi.fn(async () => 0);
     expect(await rejection(keyed.byIndex(undefined, probe))).toBeInstanceOf(KeyResolutionError);
     expect(await rejection(keyed.byPath({}, probe))).toBeInstanceOf(KeyResolutionError);
     expect(await rejection(keyed.throwingKey('bad', probe))).toBeInstanceOf(KeyResolutionError);
@@ -1083,7 +1083,7 @@ describe('key resolution happens before Redis is touched', () => {
     const keyed = t.get(Keyed);
     await server.stop();
     try {
-      const probe = jest.fn(async () => 0);
+      const probe = vi.fn(async () => 0);
       const started = performance.now();
       expect(await rejection(keyed.byIndex(null, probe))).toBeInstanceOf(KeyResolutionError);
       expect(await rejection(keyed.throwingKey('bad', probe))).toBeInstanceOf(KeyResolutionError);

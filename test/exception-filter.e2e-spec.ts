@@ -38,8 +38,8 @@ async function startApp(withFilter: boolean): Promise<INestApplication> {
 
 /** Fires two requests for the same job at once; returns the statuses and bodies, and what Nest logged as errors. */
 async function race(app: INestApplication): Promise<{ statuses: number[]; conflict: unknown; errorLogs: number }> {
-  const spy = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
-  const staticSpy = jest.spyOn(Logger, 'error').mockImplementation(() => undefined);
+  const spy = vi.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+  const staticSpy = vi.spyOn(Logger, 'error').mockImplementation(() => undefined);
   try {
     const answers = await Promise.all([1, 2].map(() => request(app.getHttpServer()).post('/jobs/7')));
     const conflict = answers.find((answer) => answer.status === 409)?.body as unknown;

@@ -5,6 +5,7 @@
  * deleted or overwritten under a holder. Anything disruptive runs on a redis-server of the test's
  * own; the shared one only sees ordinary commands.
  */
+import type { Mock, MockInstance } from 'vitest';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -38,7 +39,7 @@ import {
 import { FENCE_MARKER, fenceKeyFor, HASH_SLOTS, keySlot, slotTag } from '../lib/store/fence-key';
 import { RENEW_SCRIPT } from '../lib/scripts/renew.script';
 
-/** The real `process` (jest hands tests a copy whose listeners never hear the process's events). */
+/** The real `process`, whatever sandbox the test runner gives test files. */
 const realProcess = runInThisContext('process') as NodeJS.Process;
 
 const ROOT = resolve(__dirname, '..');
@@ -47,8 +48,8 @@ const STALLED_HOLDER = join(ROOT, 'test', 'support', 'workers', 'fault-stalled-h
 
 const OTHER_OWNER = 'f'.repeat(32);
 
-type Hook = jest.Mock<void | Promise<void>, [LockLostEvent]>;
-const hook = (): Hook => jest.fn<void | Promise<void>, [LockLostEvent]>();
+type Hook = Mock<(event: LockLostEvent) => void | Promise<void>>;
+const hook = (): Hook => vi.fn<(event: LockLostEvent) => void | Promise<void>>();
 
 /** The per-call hook of the decorated methods below (set when the class is defined). */
 const decoratorHook = hook();
@@ -107,11 +108,11 @@ async function watch(read: () => Promise<unknown>, ms: number): Promise<string[]
 }
 
 describe('fault injection', () => {
-  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
-  const error = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
-  const log = jest.spyOn(Logger.prototype, 'log').mockImplementation(() => undefined);
+  const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  const error = vi.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+  const log = vi.spyOn(Logger.prototype, 'log').mockImplementation(() => undefined);
   /** Logger calls whose message mentions lock `name` (quoted, as the library writes it). */
-  const about = (spy: jest.SpyInstance, name: string): string[] =>
+  const about = (spy: MockInstance, name: string): string[] =>
     spy.mock.calls.map((call) => String(call[0])).filter((message) => message.includes(`"${name}"`));
 
   // ---- everything a test opens, closed in afterEach whatever happened ------------------------
@@ -363,12 +364,12 @@ describe('fault injection', () => {
     ] as const)('%s: both are logged with Logger.error, nothing escapes', async (_label, perCallFails, moduleFails) => {
       const failing = (how: 'throw' | 'reject', who: string): Hook =>
         how === 'throw'
-          ? jest.fn<void, [LockLostEvent]>(() => {
+          ? vi.fn<(event: LockLostEvent) => void>(() => {
               throw new Error(`${who} threw`);
             })
           : // Not even an Error: whatever a hook rejects with is logged.
             // eslint-disable-next-line @typescript-eslint/prefer-promise-reject-errors
-            jest.fn<Promise<void>, [LockLostEvent]>(() => Promise.reject(`${who} rejected`));
+            vi.fn<(event: LockLostEvent) => Promise<void>>(() => Promise.reject(`${who} rejected`));
       const perCall = failing(perCallFails, 'per-call');
       const moduleHook = failing(moduleFails, 'module');
       const redis = track(sharedClient());
@@ -769,8 +770,8 @@ describe('fault injection', () => {
         if (/^eval/i.test(args[0]) || args.some((arg) => arg.startsWith(t.prefix))) seen.push(args);
       });
       await sleep(50);
-      const fn = jest.fn();
-      const ran = jest.fn();
+      const fn = vi.fn();
+      const ran = vi.fn();
       const attempts = [
         t.locks.lock('#fence:x'),
         t.locks.tryLock(`${FENCE_MARKER}{abc}`),

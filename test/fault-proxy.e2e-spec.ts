@@ -12,7 +12,7 @@ import { FaultCancelledError, FaultProxy, isCommand, isScript, type SeenCommand 
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
 
-/** The real `process` (jest hands tests a copy whose listeners never hear the process's events). */
+/** The real `process`, whatever sandbox the test runner gives test files. */
 const realProcess = runInThisContext('process') as NodeJS.Process;
 
 const script = (source: string): { sha: string; source: string } => ({
@@ -387,7 +387,7 @@ describe('FaultProxy', () => {
     const onUnhandled = (reason: unknown): void => void unhandled.push(reason);
     realProcess.on('unhandledRejection', onUnhandled);
     try {
-      // Everything this test opens is closed by its end; the rest (the direct client, jest) stays as it is.
+      // Everything this test opens is closed by its end; the rest (the direct client, the test runner) stays as it is.
       const before = { sockets: count('TCPSocketWrap'), timers: count('Timeout') };
       const own = await FaultProxy.start(server.port);
       const redis = new Redis({ host: '127.0.0.1', port: own.port, retryStrategy: () => null });

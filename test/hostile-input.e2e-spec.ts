@@ -256,7 +256,7 @@ if (!TLS.ok) {
 const describeTls = TLS.ok ? describe : describe.skip;
 
 describeTls('TLS (private redis-server with --tls-port)', () => {
-  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
   let certs: Certificates;
   let server: RedisServer;
   let tlsPort: number;

@@ -44,7 +44,7 @@ describe('hygiene', () => {
   let worker: WorkerChild | undefined;
   let app: TestApp | undefined;
   const clients: Redis[] = [];
-  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
 
   afterEach(async () => {
     await app?.close();

@@ -28,7 +28,7 @@ describe('LockService on a real Redis', () => {
   let seq = 0;
   const fresh = (label = 'lock'): string => `${label}-${(seq += 1)}`;
   const key = (name: string): string => t.prefix + name;
-  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
 
   beforeAll(async () => {
     redis = sharedClient();
@@ -124,7 +124,7 @@ describe('LockService on a real Redis', () => {
     it('withLock does not run fn when the lock is busy', async () => {
       const name = fresh();
       const holder = await locks.lock(name);
-      const fn = jest.fn();
+      const fn = vi.fn();
       await expect(locks.withLock(name, fn)).rejects.toBeInstanceOf(LockNotAcquiredError);
       expect(fn).not.toHaveBeenCalled();
       await holder.release();

@@ -48,7 +48,7 @@ function trackAliveTimers(): { alive(): string[]; stop(): void } {
       timers
         .pending()
         .filter(({ timer }) => timer.hasRef())
-        // Only the library's and its Redis client's timers (jest's reporter runs timers of its own).
+        // Only the library's and its Redis client's timers (the test runner has timers of its own).
         .filter(({ stack }) => stack.includes('ioredis') || /[\\/]lib[\\/][\w.-]+\.ts/.test(stack))
         .map(({ stack }) => stack.split('\n').slice(2, 14).join('\n')),
     stop: timers.stop,
@@ -162,7 +162,7 @@ class ItemsController {
 
 describe('DisLockModule', () => {
   const redis = sharedClient();
-  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
 
   afterAll(() => {
     redis.disconnect();

@@ -8,6 +8,7 @@
  * Each test reproduces one finding of a review that broke the library this way, and failed on the
  * code before its fix.
  */
+import type { MockInstance } from 'vitest';
 import { Injectable, Logger } from '@nestjs/common';
 import type { Redis } from 'ioredis';
 import {
@@ -101,8 +102,8 @@ class Detached {
 }
 
 describe('network faults between the library and Redis', () => {
-  jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
-  jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+  vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  vi.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
 
   let server: RedisServer;
   let redis: Redis;
@@ -152,15 +153,15 @@ describe('network faults between the library and Redis', () => {
   describe('1. a command whose reply is lost and that the client re-sends has its effect once', () => {
     it('a nested release never frees the lock under the outer holder, and the final release reports released', async () => {
       const { t, other } = await apps2();
-      const lost = jest.fn();
+      const lost = vi.fn();
       const dropped = proxy.dropReply(isScript(RELEASE_SCRIPT)); // the first release script sent, if any
       let outerHandle: LockHandle | undefined;
-      let finalRelease: jest.SpyInstance<Promise<boolean>, []> | undefined;
+      let finalRelease: MockInstance<() => Promise<boolean>> | undefined;
       await t.locks.withLock(
         'nested-release',
         async (outer) => {
           outerHandle = outer;
-          finalRelease = jest.spyOn(outer, 'release'); // withLock ends with this handle's release()
+          finalRelease = vi.spyOn(outer, 'release'); // withLock ends with this handle's release()
           const inner = await t.locks.lock('nested-release');
           expect(await inner.release()).toBe(false);
           // The rest of the critical section: a re-sent copy of the nested release, if one was
@@ -181,7 +182,7 @@ describe('network faults between the library and Redis', () => {
 
     it('a release whose reply is lost resolves true, with no loss reported', async () => {
       const { t } = await apps2();
-      const lost = jest.fn();
+      const lost = vi.fn();
       const h = await t.locks.lock('lost-release-reply', { onLockLost: lost });
       const dropped = proxy.dropReply(isScript(RELEASE_SCRIPT));
       expect(await h.release()).toBe(true);
@@ -434,7 +435,7 @@ describe('network faults between the library and Redis', () => {
           redis: { host: '127.0.0.1', port: proxy.port, ...resend },
           operationTimeout: 300,
         });
-        const lost = jest.fn();
+        const lost = vi.fn();
         const h = await t.locks.lock('lost-release-wakes', { onLockLost: lost }); // a 30 s lease
         const waiting = settle(t.locks.tryLock('lost-release-wakes', { waitTime: 3_000 }));
         await someoneSubscribed(proxy);

@@ -67,7 +67,7 @@ class Poller {
 
 describe('races and leaks', () => {
   let redis: Redis;
-  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
 
   beforeAll(() => {
     redis = sharedClient();
@@ -174,7 +174,7 @@ describe('races and leaks', () => {
   // long-lived signal into AbortSignal.any per call passes this test.
   it('contended decorated calls do not feed AbortSignal.any with the long-lived shutdown signal', async () => {
     const t = await createTestApp([Reviewed]);
-    const any = jest.spyOn(AbortSignal, 'any');
+    const any = vi.spyOn(AbortSignal, 'any');
     try {
       const holder = await t.locks.lock('busy:7');
       for (let i = 0; i < 20; i += 1) {
@@ -224,7 +224,7 @@ describe('races and leaks', () => {
   // production logs). Checked through public node:events APIs on every signal the library listens to.
   it('many concurrent waiters stay within the max listeners of any AbortSignal', async () => {
     const t = await createTestApp();
-    const add = jest.spyOn(EventTarget.prototype, 'addEventListener');
+    const add = vi.spyOn(EventTarget.prototype, 'addEventListener');
     try {
       const holder = await t.locks.lock('crowded');
       const waiters = Array.from({ length: 12 }, () => t.locks.tryLock('crowded', { waitTime: 200 }));

@@ -37,8 +37,8 @@ class Jobs {
 }
 
 describe('Redis failures (private Redis per test)', () => {
-  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
-  const error = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+  const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  const error = vi.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
 
   /** Everything a test opened; closed in afterEach whatever happened. */
   let server: RedisServer | undefined;
@@ -93,7 +93,7 @@ describe('Redis failures (private Redis per test)', () => {
       expect((tried as { error: unknown }).error).toBeInstanceOf(RedisUnavailableError);
       expect(tried.ms).toBeLessThan(3_000);
 
-      const fn = jest.fn();
+      const fn = vi.fn();
       const withLock = await settle(t.locks.withLock('c', fn));
       expect((withLock as { error: unknown }).error).toBeInstanceOf(RedisUnavailableError);
       expect(fn).not.toHaveBeenCalled();

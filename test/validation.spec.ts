@@ -224,7 +224,7 @@ describe('LockService validates its arguments at call time', () => {
   ];
 
   it.each(badOptions)('rejects %s on tryLock, lock and withLock', async (_label, options, option) => {
-    const fn = jest.fn();
+    const fn = vi.fn();
     const calls: [string, () => Promise<unknown>][] = [
       ['tryLock', () => t.locks.tryLock('valid-name', options as LockOptions)],
       ['lock', () => t.locks.lock('valid-name', options as LockOptions)],
@@ -252,7 +252,7 @@ describe('LockService validates its arguments at call time', () => {
   ];
 
   it.each(badNames)('rejects %s as lock name (option "name")', async (_label, name) => {
-    const fn = jest.fn();
+    const fn = vi.fn();
     for (const call of [
       () => t.locks.tryLock(name as string),
       () => t.locks.lock(name as string),

@@ -147,8 +147,8 @@ class Decorated {
 }
 
 describe('waiting without polling, and the batched watchdog', () => {
-  const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
-  const log = jest.spyOn(Logger.prototype, 'log').mockImplementation(() => undefined);
+  const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  const log = vi.spyOn(Logger.prototype, 'log').mockImplementation(() => undefined);
 
   let server: RedisServer;
   let redis: Redis;
@@ -524,7 +524,7 @@ describe('waiting without polling, and the batched watchdog', () => {
       const from = await mon.sync();
       const first = new AbortController();
       const second = new AbortController();
-      const fn = jest.fn();
+      const fn = vi.fn();
       const locking = rejection(a.locks.lock(name, { ...WAIT, signal: first.signal }));
       const withLocking = rejection(a.locks.withLock(name, fn, { ...WAIT, signal: second.signal }));
       expect(await asleep(name, from)).toBe(true);
@@ -571,7 +571,7 @@ describe('waiting without polling, and the batched watchdog', () => {
       const name = fresh('pre-aborted');
       const reason = new Error('aborted before the call');
       const signal = AbortSignal.abort(reason);
-      const fn = jest.fn();
+      const fn = vi.fn();
       const from = await mon.sync();
       const startedAt = performance.now();
       // The lock is free: touching Redis would take it.

@@ -4,6 +4,16 @@ import type { RedisConnection } from '../dislock.options';
 
 export type RedisClient = Redis | Cluster;
 
+/** Whether the client is a Cluster (by its flag, so a client from another copy of ioredis counts too). */
+export function isClusterClient(client: RedisClient): client is Cluster {
+  return (client as { isCluster?: boolean }).isCluster === true;
+}
+
+/** A new connection with the client's own options (ioredis 6 types the two `duplicate`s apart). */
+export function duplicateClient(client: RedisClient): RedisClient {
+  return isClusterClient(client) ? client.duplicate() : client.duplicate();
+}
+
 /** A client and whether this library created it (and so must close it). */
 export interface OwnedClient {
   readonly client: RedisClient;

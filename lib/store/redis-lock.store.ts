@@ -17,7 +17,7 @@ import type {
   RenewOutcome,
   RenewRequest,
 } from './lock-store.interface';
-import { closeRedis, type RedisClient } from './redis-client';
+import { closeRedis, isClusterClient, type RedisClient } from './redis-client';
 import { ReleaseEchoes } from './release-echoes';
 import { ReleaseSubscriber } from './release-subscriber';
 
@@ -79,7 +79,7 @@ export class RedisLockStore implements LockStore {
     slotTag(0); // build the slot table now rather than on the first acquisition
     this.echoes = new ReleaseEchoes(this.id);
     this.releases = new ReleaseSubscriber(client, (operation) => this.bounded(operation), this.echoes);
-    this.cluster = (client as { isCluster?: boolean }).isCluster === true;
+    this.cluster = isClusterClient(client);
     this.watchConnections(true);
     if (owned) {
       // A timed-out operation then says why (a wrong password, a bad certificate) instead of only

@@ -1,5 +1,5 @@
 import { wakeOrTimeout } from '../wake-or-timeout';
-import type { RedisClient } from './redis-client';
+import { duplicateClient, type RedisClient } from './redis-client';
 import type { ReleaseEchoes } from './release-echoes';
 
 /** One waiter's interest in the releases of one lock key. */
@@ -138,7 +138,7 @@ export class ReleaseSubscriber {
 
   private open(): RedisClient {
     if (this.connection) return this.connection;
-    const connection = this.source.duplicate();
+    const connection = duplicateClient(this.source);
     // Connection errors are reported by the main client; a lost subscription only slows waiters
     // down to their lease-bounded timers until ioredis reconnects and resubscribes.
     connection.on('error', () => undefined);

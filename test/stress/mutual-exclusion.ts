@@ -9,7 +9,7 @@
  * prints one paragraph and exits 1 if mutual exclusion was violated. With `--wait-time 0` (the
  * default) a worker retries after each LockNotAcquiredError; otherwise every call waits up to that.
  * `--no-lock` runs the same workers without `@DisLock`: a check that the script does see a violation.
- * Not a jest test (jest only picks up *.spec.ts / *.e2e-spec.ts).
+ * Not a vitest test (vitest only picks up *.spec.ts / *.e2e-spec.ts).
  *
  * `npm run stress -- --faults ...` runs the randomized history check under network faults instead
  * (see fault-history.ts).

@@ -4,7 +4,7 @@ import { Redis } from 'ioredis';
 /** URL of the run's shared Redis (started by the global setup, or REDIS_URL). */
 export function sharedRedisUrl(): string {
   const url = process.env.DISLOCK_TEST_REDIS_URL;
-  if (!url) throw new Error('DISLOCK_TEST_REDIS_URL is not set: run the tests through jest (npm test)');
+  if (!url) throw new Error('DISLOCK_TEST_REDIS_URL is not set: run the tests through vitest (npm test)');
   return url;
 }
 
