@@ -1,0 +1,77 @@
+// Checks the package as the registry would ship it (run after `npm run build`):
+//   node test/package/check-package.mjs
+// 1. `npm pack --dry-run`: exactly the built JavaScript and declarations, README, CHANGELOG,
+//    LICENSE and package.json; no tests, sources, source maps or stray files.
+// 2. publint (strict) and @arethetypeswrong/cli: exports, types and module format line up under
+//    node10, node16 (from CJS and from ESM) and bundler resolution.
+// 3. Named imports of the built package by its own name, from ESM and from CommonJS, see the same
+//    exports (Node reads a CommonJS module's names statically for `import { X }`).
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const run = (command, args, options = {}) =>
+  execFileSync(command, args, { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], ...options });
+const failures = [];
+const check = (ok, what) => {
+  console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`);
+  if (!ok) failures.push(what);
+};
+
+// ---- 1. what npm would publish ------------------------------------------------------------------
+const [pack] = JSON.parse(run('npm', ['pack', '--dry-run', '--json', '--ignore-scripts']));
+const files = pack.files.map((file) => file.path).sort();
+const allowed = [/^dist\/.+\.js$/, /^dist\/.+\.d\.ts$/, /^(README|CHANGELOG)\.md$/, /^LICENSE$/, /^package\.json$/];
+const stray = files.filter((file) => !allowed.some((pattern) => pattern.test(file)));
+check(stray.length === 0, `no stray files in the tarball${stray.length ? `: ${stray.join(', ')}` : ''}`);
+for (const required of ['LICENSE', 'README.md', 'CHANGELOG.md', 'package.json', 'dist/index.js', 'dist/index.d.ts']) {
+  check(files.includes(required), `the tarball has ${required}`);
+}
+check(!files.some((file) => /spec|\.map$|^lib\/|^test\//.test(file)), 'no tests, sources or source maps');
+console.log(`     ${files.length} files, ${(pack.size / 1024).toFixed(1)} kB packed, ${(pack.unpackedSize / 1024).toFixed(1)} kB unpacked`);
+
+const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
+for (const field of ['license', 'repository', 'homepage', 'bugs', 'engines']) {
+  check(manifest[field] !== undefined, `package.json has "${field}"`);
+}
+const changelog = readFileSync(join(root, 'CHANGELOG.md'), 'utf8');
+check(
+  new RegExp(`^## ${manifest.version.replace(/\./g, '\\.')} \\(\\d{4}-\\d{2}-\\d{2}\\)$`, 'm').test(changelog),
+  `CHANGELOG has a dated heading for ${manifest.version}`,
+);
+const readme = readFileSync(join(root, 'README.md'), 'utf8');
+const relative = [...readme.matchAll(/!?\[[^\]]*\]\(([^)#][^)]*)\)/g)].map((m) => m[1]).filter((u) => !/^https?:/.test(u));
+check(relative.length === 0, `README links are absolute (the registry page has no repository beside it)${relative.length ? `: ${relative.join(', ')}` : ''}`);
+
+// ---- 2. publint and arethetypeswrong --------------------------------------------------------------
+const tool = (name, args) => {
+  try {
+    const out = run(join(root, 'node_modules', '.bin', name), args);
+    check(true, `${name} ${args.join(' ')}`);
+    return out;
+  } catch (error) {
+    console.log(`${error.stdout ?? ''}${error.stderr ?? ''}`);
+    check(false, `${name} ${args.join(' ')}`);
+    return '';
+  }
+};
+tool('publint', ['--strict']);
+tool('attw', ['--pack', '.', '--format', 'table-flipped']);
+
+// ---- 3. named imports from ESM and CommonJS ---------------------------------------------------------
+const names = (source, type) =>
+  JSON.parse(run(process.execPath, [type === 'module' ? '--input-type=module' : '--input-type=commonjs', '-e', source]));
+const cjs = names(`console.log(JSON.stringify(Object.keys(require('nestjs-dislock')).sort()))`, 'commonjs');
+const esm = names(
+  `import * as m from 'nestjs-dislock'; console.log(JSON.stringify(Object.keys(m).filter((k) => k !== 'default' && k !== '__esModule').sort()))`,
+  'module',
+);
+check(cjs.length > 0 && JSON.stringify(cjs) === JSON.stringify(esm), `ESM and CommonJS see the same ${cjs.length} named exports`);
+for (const name of ['DisLock', 'DisLockModule', 'LockService', 'DisLockExceptionFilter', 'LockNotAcquiredError']) {
+  check(esm.includes(name), `import { ${name} } from 'nestjs-dislock'`);
+}
+
+console.log(failures.length === 0 ? 'package: all checks passed' : `package: ${failures.length} check(s) failed`);
+process.exit(failures.length === 0 ? 0 : 1);
