@@ -1,4 +1,5 @@
 import { type DynamicModule, Logger, Module } from '@nestjs/common';
+import { guardFactoryInjection } from './async-options-guard';
 import { DisLockInterceptor } from './dislock.interceptor';
 import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from './dislock.internal-constants';
 import {
@@ -24,7 +25,11 @@ function createStore(options: ResolvedModuleOptions): LockStore {
  *
  * ```ts
  * DisLockModule.forRoot({ redis: 'redis://localhost:6379' })
- * DisLockModule.forRootAsync({ inject: [ConfigService], useFactory: (c) => ({ redis: c.get('REDIS_URL') }) })
+ * DisLockModule.forRootAsync({
+ *   imports: [ConfigModule],
+ *   inject: [ConfigService],
+ *   useFactory: (config: ConfigService) => ({ redis: config.getOrThrow('REDIS_URL') }),
+ * })
  * ```
  * Global by default (`isGlobal: false` to import it where needed). On shutdown, held locks are
  * released and a Redis client the module created is closed.
@@ -45,8 +50,11 @@ export class DisLockModule extends DisLockConfigurableModule {
     return super.forRoot(options);
   }
 
-  /** Configure from other providers (`useFactory`, `useClass` or `useExisting`); validated at startup. */
+  /**
+   * Configure from other providers (`useFactory`, `useClass` or `useExisting`); validated at startup.
+   * An `inject` token that DisLockModule cannot see fails with an error that says which `imports` to add.
+   */
   static forRootAsync(options: typeof DISLOCK_ASYNC_OPTIONS_TYPE): DynamicModule {
-    return super.forRootAsync(options);
+    return super.forRootAsync(guardFactoryInjection(options));
   }
 }
