@@ -11,6 +11,8 @@ export default tseslint.config(
       'sample-app/dist',
       'bench/dist',
       'bench/results',
+      // Projects of their own, built and type-checked against the packed tarball by their runner.
+      'test/consumers',
       '**/*.js',
       '**/*.mjs',
     ],
