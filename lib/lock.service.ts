@@ -21,6 +21,7 @@ import type { LockLostEvent, LockLostHandler } from './lock-lost.event';
 import { FENCE_MARKER } from './store/fence-key';
 import { LockScope } from './lock-scope';
 import type { LockStore } from './store/lock-store.interface';
+import { StoreTimeoutError } from './store/store-timeout.error';
 import { resolveLockOptions, validateLockOptions } from './options.validation';
 import { isPromiseLike } from './promise-like';
 import { wakeOrTimeout } from './wake-or-timeout';
@@ -170,8 +171,10 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     try {
       await handle.release();
     } catch (error) {
+      // The log says what Redis reported: the error's own message leaves that to its cause.
+      const why = error instanceof RedisUnavailableError ? error.cause : error;
       this.logger.warn(
-        `Releasing lock "${handle.name}" failed (${describeError(error)}); it expires on its own within its lease`,
+        `Releasing lock "${handle.name}" failed (${describeError(why)}); it expires on its own within its lease`,
       );
     }
   }
@@ -204,12 +207,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       result = await this.store.release(lock.key, lock.owner);
     } catch (error) {
       if (wasLost) return false; // already reported; its hold, if Redis still has one, expires on its own
-      throw new RedisUnavailableError(
-        'release',
-        lock.name,
-        `Could not release lock "${lock.name}": ${describeError(error)}`,
-        { cause: error },
-      );
+      throw redisFailed('release', lock.name, error);
     }
     // A plain release has woken the local line already (the store does that for every release it
     // knows has run); with waiters elsewhere too, the local head holds back first.
@@ -427,7 +425,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
       result = await this.store.check(outer.key, outer.owner);
     } catch (error) {
       await this.finish(handle, true);
-      throw acquireFailed(outer.name, error);
+      throw redisFailed('acquire', outer.name, error);
     }
     if (!result.held) {
       this.watchdog.lose(outer, 'not-owner', 'a reentrant acquisition found it gone or held by another owner');
@@ -451,7 +449,7 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
     try {
       result = await this.store.acquire(key, owner, lease);
     } catch (error) {
-      throw acquireFailed(name, error);
+      throw redisFailed('acquire', name, error);
     }
     if (!result.acquired) return result.ttl;
     if (now() >= leaseValidUntil(sentAt, lease)) {
@@ -590,10 +588,15 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   }
 }
 
-function acquireFailed(name: string, error: unknown): RedisUnavailableError {
-  return new RedisUnavailableError('acquire', name, `Could not acquire lock "${name}": ${describeError(error)}`, {
-    cause: error,
-  });
+/**
+ * A store failure as the caller sees it. The message may reach an HTTP client (Nest 11's default
+ * filter sends it as the body), so it says only what failed: the store's own error, which can name
+ * the server's address or the connection error, stays in `cause`, for logs.
+ */
+function redisFailed(operation: 'acquire' | 'release', name: string, error: unknown): RedisUnavailableError {
+  const why =
+    error instanceof StoreTimeoutError ? `Redis did not answer within ${error.timeoutMs} ms` : 'Redis is unavailable';
+  return new RedisUnavailableError(operation, name, `Could not ${operation} lock "${name}": ${why}`, { cause: error });
 }
 
 function leaseOf(options: ResolvedLockOptions): number {

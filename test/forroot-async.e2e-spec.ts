@@ -97,7 +97,7 @@ describe('DisLockModule.forRootAsync with @nestjs/config', () => {
     @Injectable()
     class Options {
       constructor(@Optional() readonly unused: string | undefined, readonly config: ConfigService) {}
-      createDisLockOptions() {
+      create() {
         return { redis: sharedRedisUrl() };
       }
     }

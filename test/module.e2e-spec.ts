@@ -620,7 +620,7 @@ describe('DisLockModule', () => {
       }
     });
 
-    it('answers 503 when its Redis is down', async () => {
+    it('answers 503 when its Redis is down, with a body that tells nothing about Redis', async () => {
       const server = await RedisServer.start();
       const app = await httpApp({ redis: server.url, operationTimeout: 500, keyPrefix: uniquePrefix('http-503') });
       http.release = Promise.resolve();
@@ -629,7 +629,11 @@ describe('DisLockModule', () => {
         await server.stop();
         const res = await request(app.getHttpServer()).get('/items/1');
         expect(res.status).toBe(503);
-        expect(res.body).toEqual({ statusCode: 503, message: expect.stringContaining('item:1') as unknown });
+        // The standard status text: the error is not exposed, its message and cause stay in the log.
+        expect(res.body).toEqual({ statusCode: 503, message: 'Service Unavailable' });
+        for (const secret of ['127.0.0.1', String(server.port), 'ECONNREFUSED', 'connect']) {
+          expect(res.text).not.toContain(secret);
+        }
         expect(http.entered).toEqual([]);
       } finally {
         await app.close();

@@ -3,11 +3,17 @@ import { DisLockError } from './dislock.error';
 /**
  * The lock is held by someone else and did not become free within `waitTime`.
  *
- * `statusCode` makes Nest's default exception filter answer **409 Conflict** when this error
- * leaves a controller, without the library installing a filter of its own.
+ * Shaped like an `http-errors` error (`status`, `statusCode`, `expose`), so that Nest's default
+ * exception filter answers **409 Conflict** with `{ statusCode: 409, message }` when this error
+ * leaves an HTTP controller, on Nest 11 and 12, Express and Fastify, without any filter installed.
  */
 export class LockNotAcquiredError extends DisLockError {
+  /** The HTTP status that answers this error: 409 Conflict. */
+  readonly status = 409;
+  /** The same as `status`: the field Nest's default filter reads. */
   readonly statusCode = 409;
+  /** `true`: the message tells the client nothing it should not know, and is sent as it is. */
+  readonly expose = true;
 
   constructor(
     /** The lock name (without the key prefix). */

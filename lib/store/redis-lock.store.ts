@@ -20,6 +20,7 @@ import type {
 import { closeRedis, isClusterClient, type RedisClient } from './redis-client';
 import { ReleaseEchoes } from './release-echoes';
 import { ReleaseSubscriber } from './release-subscriber';
+import { StoreTimeoutError } from './store-timeout.error';
 
 const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
   0: 'not-owner',
@@ -34,17 +35,6 @@ const MAX_RENEW_BATCH = 500;
 interface Deadline {
   readonly at: number;
   readonly reject: (error: Error) => void;
-}
-
-/** Thrown by the store when Redis does not answer within `operationTimeout`. */
-export class StoreTimeoutError extends Error {
-  constructor(timeoutMs: number, connectionError?: Error) {
-    super(
-      `Redis did not answer within ${timeoutMs} ms` +
-        (connectionError ? ` (the connection is down: ${connectionError.message})` : ''),
-    );
-    this.name = 'StoreTimeoutError';
-  }
 }
 
 /**
