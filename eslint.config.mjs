@@ -15,6 +15,7 @@ export default tseslint.config(
       'test/consumers',
       '**/*.js',
       '**/*.mjs',
+      '**/*.mts',
     ],
   },
   eslint.configs.recommended,

@@ -96,7 +96,10 @@ describe('DisLockModule.forRootAsync with @nestjs/config', () => {
   it('useClass whose dependency is missing still fails with Nest naming the class and DisLockModule', async () => {
     @Injectable()
     class Options {
-      constructor(@Optional() readonly unused: string | undefined, readonly config: ConfigService) {}
+      constructor(
+        @Optional() readonly unused: string | undefined,
+        readonly config: ConfigService,
+      ) {}
       create() {
         return { redis: sharedRedisUrl() };
       }
@@ -104,7 +107,11 @@ describe('DisLockModule.forRootAsync with @nestjs/config', () => {
     @Module({})
     class Empty {}
     const error = await failure(
-      compile([ConfigModule.forRoot({ ignoreEnvFile: true }), Empty, DisLockModule.forRootAsync({ useClass: Options })]),
+      compile([
+        ConfigModule.forRoot({ ignoreEnvFile: true }),
+        Empty,
+        DisLockModule.forRootAsync({ useClass: Options }),
+      ]),
     );
     expect(String((error as Error).message)).toMatch(/Options[\s\S]*DisLockModule/);
   });

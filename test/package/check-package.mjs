@@ -30,7 +30,9 @@ for (const required of ['LICENSE', 'README.md', 'CHANGELOG.md', 'package.json', 
   check(files.includes(required), `the tarball has ${required}`);
 }
 check(!files.some((file) => /spec|\.map$|^lib\/|^test\//.test(file)), 'no tests, sources or source maps');
-console.log(`     ${files.length} files, ${(pack.size / 1024).toFixed(1)} kB packed, ${(pack.unpackedSize / 1024).toFixed(1)} kB unpacked`);
+console.log(
+  `     ${files.length} files, ${(pack.size / 1024).toFixed(1)} kB packed, ${(pack.unpackedSize / 1024).toFixed(1)} kB unpacked`,
+);
 
 const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
 for (const field of ['license', 'repository', 'homepage', 'bugs', 'engines']) {
@@ -42,8 +44,13 @@ check(
   `CHANGELOG has a dated heading for ${manifest.version}`,
 );
 const readme = readFileSync(join(root, 'README.md'), 'utf8');
-const relative = [...readme.matchAll(/!?\[[^\]]*\]\(([^)#][^)]*)\)/g)].map((m) => m[1]).filter((u) => !/^https?:/.test(u));
-check(relative.length === 0, `README links are absolute (the registry page has no repository beside it)${relative.length ? `: ${relative.join(', ')}` : ''}`);
+const relative = [...readme.matchAll(/!?\[[^\]]*\]\(([^)#][^)]*)\)/g)]
+  .map((m) => m[1])
+  .filter((u) => !/^https?:/.test(u));
+check(
+  relative.length === 0,
+  `README links are absolute (the registry page has no repository beside it)${relative.length ? `: ${relative.join(', ')}` : ''}`,
+);
 
 // ---- 2. publint and arethetypeswrong --------------------------------------------------------------
 const tool = (name, args) => {
@@ -62,13 +69,18 @@ tool('attw', ['--pack', '.', '--format', 'table-flipped']);
 
 // ---- 3. named imports from ESM and CommonJS ---------------------------------------------------------
 const names = (source, type) =>
-  JSON.parse(run(process.execPath, [type === 'module' ? '--input-type=module' : '--input-type=commonjs', '-e', source]));
+  JSON.parse(
+    run(process.execPath, [type === 'module' ? '--input-type=module' : '--input-type=commonjs', '-e', source]),
+  );
 const cjs = names(`console.log(JSON.stringify(Object.keys(require('nestjs-dislock')).sort()))`, 'commonjs');
 const esm = names(
   `import * as m from 'nestjs-dislock'; console.log(JSON.stringify(Object.keys(m).filter((k) => k !== 'default' && k !== '__esModule').sort()))`,
   'module',
 );
-check(cjs.length > 0 && JSON.stringify(cjs) === JSON.stringify(esm), `ESM and CommonJS see the same ${cjs.length} named exports`);
+check(
+  cjs.length > 0 && JSON.stringify(cjs) === JSON.stringify(esm),
+  `ESM and CommonJS see the same ${cjs.length} named exports`,
+);
 for (const name of ['DisLock', 'DisLockModule', 'LockService', 'DisLockExceptionFilter', 'LockNotAcquiredError']) {
   check(esm.includes(name), `import { ${name} } from 'nestjs-dislock'`);
 }
