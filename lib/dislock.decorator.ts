@@ -6,14 +6,11 @@ import { DISLOCK_INTERCEPTOR_PROPERTY } from './dislock.internal-constants';
 import type { DisLockOptions, LockKey } from './dislock.options';
 import { DisLockSetupError, InvalidLockOptionsError } from './errors';
 import { compileKey } from './key-template';
+import { type DisLockDecorator, returnKindOf } from './lockable-method';
+import { LockedResult } from './locked-result';
 import { validateDecoratorOptions } from './options.validation';
 
 type AnyMethod = (this: object, ...args: unknown[]) => unknown;
-
-function declaresObservable(target: object, propertyKey: string | symbol): boolean {
-  const type: unknown = Reflect.getMetadata('design:returntype', target, propertyKey);
-  return typeof type === 'function' && typeof (type.prototype as { subscribe?: unknown })?.subscribe === 'function';
-}
 
 /** Marks a class whose interceptor property injection is declared (own metadata: a subclass declares its own). */
 const INTERCEPTOR_INJECTED = Symbol('dislock:interceptor-injected');
@@ -48,12 +45,28 @@ function copyIdentity(from: AnyMethod, to: AnyMethod): void {
  * @DisLock({ key: (job: Job) => `job:${job.id}`, waitTime: 2_000 })
  * ```
  *
- * Works on any method of a class built by Nest (controllers and plain providers alike). The
- * locked method returns a Promise (or, when declared to return an `Observable`, an Observable that
- * takes the lock at subscribe). Options are validated here, when the class is defined.
+ * Works on any method of a class built by Nest (controllers and plain providers alike). Options are
+ * validated here, when the class is defined.
+ *
+ * Return types: taking the lock is asynchronous, so a locked call returns a Promise or an
+ * Observable, and the method must say so.
+ * - `async` or declared `Promise<T>`: a Promise, settled once the lock is released.
+ * - Declared `Observable<T>`: an Observable that takes the lock at subscribe and frees it on
+ *   complete, error or unsubscribe.
+ * - A synchronous method (`T`, `void`, `any`) does not compile: make it `async`.
+ * - Inferred or union return types (`return of(x)` with no annotation, `Promise<T> | Observable<T>`)
+ *   record nothing usable at run time: the call starts at once and returns a Promise (of the last
+ *   value) that is also an Observable (replaying every value), so either type holds. Write the
+ *   return type to get the lazy, per-subscription Observable.
+ *
+ * The method's own results and errors pass through untouched.
  */
-export function DisLock(optionsOrKey: DisLockOptions | LockKey): MethodDecorator {
-  return (target, propertyKey, descriptor) => {
+export function DisLock(optionsOrKey: DisLockOptions | LockKey): DisLockDecorator {
+  const decorate = (
+    target: object,
+    propertyKey: string | symbol,
+    descriptor: PropertyDescriptor,
+  ): PropertyDescriptor => {
     if (typeof target === 'function') {
       throw new InvalidLockOptionsError(
         'target',
@@ -76,7 +89,7 @@ export function DisLock(optionsOrKey: DisLockOptions | LockKey): MethodDecorator
       options: timing,
       releaseOnFinish: ifExpireWhenFinish ?? true,
     };
-    const returnsObservable = declaresObservable(target, propertyKey);
+    const returns = returnKindOf(target, propertyKey, original);
     injectInterceptor(target);
 
     const method = original as AnyMethod;
@@ -89,17 +102,22 @@ export function DisLock(optionsOrKey: DisLockOptions | LockKey): MethodDecorator
             'Register the class as a provider or controller of a module that can see DisLockModule, and get it from Nest ' +
             '(not with `new`, `useValue` or `useFactory`).',
         );
-        return returnsObservable ? throwError(() => error) : Promise.reject(error);
+        if (returns === 'promise') return Promise.reject(error);
+        return returns === 'observable' ? throwError(() => error) : LockedResult.connect(throwError(() => error));
       }
       const invoke = (): unknown => method.apply(this, args);
-      return returnsObservable ? interceptor.intercept(spec, invoke, args) : interceptor.run(spec, invoke, args);
+      if (returns === 'promise') return interceptor.run(spec, invoke, args);
+      return returns === 'observable'
+        ? interceptor.intercept(spec, invoke, args)
+        : interceptor.start(spec, invoke, args);
     };
     copyIdentity(method, locked);
     const previous = (Reflect.getOwnMetadata(DISLOCK_METADATA, method) ?? []) as DisLockOptions[];
     Reflect.defineMetadata(DISLOCK_METADATA, [...previous, options], locked);
-    descriptor.value = locked as typeof descriptor.value;
+    descriptor.value = locked;
     return descriptor;
   };
+  return decorate;
 }
 
 function compileWithContext(where: string, key: LockKey): LockedMethodSpec['resolveKey'] {

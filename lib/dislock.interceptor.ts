@@ -17,6 +17,7 @@ import type { DisLockOptions } from './dislock.options';
 import type { KeyResolver } from './key-template';
 import type { Handle } from './lock-handle';
 import { LockService } from './lock.service';
+import { LockedResult } from './locked-result';
 import { isPromiseLike } from './promise-like';
 
 /** What `@DisLock` computed once, when the class was defined. */
@@ -40,18 +41,19 @@ function toObservable(result: unknown): Observable<unknown> {
 /**
  * What runs a `@DisLock` method: resolve the key, acquire, run the method inside the lock's async
  * scope, then release the lock (or only stop renewing it); the result or error comes out only once
- * that last step has finished. `run` does it as one async function for methods that return a
- * Promise or a plain value; `intercept` is the rxjs pipeline for methods declared to return an
- * Observable (acquire when subscribed, release in `finalize`, also on unsubscribe).
+ * that last step has finished. `run` does it as one async function for methods declared to return a
+ * Promise; `intercept` is the rxjs pipeline for methods declared to return an Observable (acquire
+ * when subscribed, release in `finalize`, also on unsubscribe); `start` runs that pipeline at once
+ * for methods that recorded no return type, and hands back a Promise that is also an Observable.
  */
 @Injectable()
 export class DisLockInterceptor {
   constructor(private readonly locks: LockService) {}
 
   /**
-   * The same steps for a method that does not return an Observable, as one async function: resolve
-   * the key, acquire, run the method inside the lock's scope and wait for its result (a Promise, a
-   * thenable, a plain value, or an Observable it returned after all), then release, or only stop
+   * The same steps for a method declared to return a Promise, as one async function: resolve the
+   * key, acquire, run the method inside the lock's scope and wait for its result (a Promise or a
+   * thenable, or a plain value or an Observable it returned after all), then release, or only stop
    * renewing. It resolves or rejects with the method's own result or error only once that step is
    * done. Half the CPU of going through the pipeline, which a Promise has no use for.
    */
@@ -70,6 +72,16 @@ export class DisLockInterceptor {
 
   intercept(spec: LockedMethodSpec, invoke: () => unknown, args: readonly unknown[]): Observable<unknown> {
     return this.acquire(spec, args).pipe(mergeMap((handle) => this.runLocked(spec, handle, invoke)));
+  }
+
+  /**
+   * For a method whose return type was not recorded (inferred, a union, an interface), so the
+   * caller may have been told `Promise<T>` or `Observable<T>`: subscribes to `intercept` now, as a
+   * Promise would start, and returns a {@link LockedResult} replaying it. The method runs once, and
+   * whatever it returns (a Promise, an Observable, a value) is consumed inside the lock.
+   */
+  start(spec: LockedMethodSpec, invoke: () => unknown, args: readonly unknown[]): LockedResult<unknown> {
+    return LockedResult.connect(this.intercept(spec, invoke, args));
   }
 
   /**

@@ -1,5 +1,11 @@
 export { DisLockModule } from './dislock.module';
 export { DisLock } from './dislock.decorator';
+export type {
+  DisLockAsPlainMethodDecorator,
+  DisLockDecorator,
+  DisLockMethodMustReturnPromiseOrObservable,
+  LockableMethodCheck,
+} from './lockable-method';
 export { LockService } from './lock.service';
 export { DisLockExceptionFilter } from './dislock-exception.filter';
 export type { LockHandle } from './lock-handle';

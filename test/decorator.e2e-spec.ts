@@ -137,10 +137,11 @@ class ReturnTypes {
     return 'async-done';
   }
 
+  /** Async but never awaits: its whole body runs synchronously, inside the lock. */
   @DisLock('sync:{0}')
-  syncWork(id: number): string {
+  async syncWork(id: number): Promise<string> {
     const handle = must(this.locks.current(), 'the lock inside a sync method');
-    // A synchronous look at Redis from inside the synchronous method: is the key there right now?
+    // A synchronous look at Redis from inside the synchronous body: is the key there right now?
     const held = execFileSync('redis-cli', ['-u', sharedRedisUrl(), 'EXISTS', handle.key], { encoding: 'utf8' });
     return `${handle.name}|${held.trim()}|${id * 2}`;
   }
@@ -193,17 +194,18 @@ class ReturnTypes {
     throw error;
   }
 
+  /** Declared to return a Promise, but throws before returning one. */
   @DisLock('throws:{0}')
-  throwsSync(_id: number, error: unknown): string {
+  throwsSync(_id: number, error: unknown): Promise<string> {
     throw error;
   }
 
   @DisLock('sync-void:{0}')
-  syncVoid(_id: number): void {}
+  async syncVoid(_id: number): Promise<void> {}
 
-  /** Returns an Observable without saying so (design:returntype is Object): taken as a value. */
+  /** Returns an Observable without saying so (no design:returntype): a Promise that is also an Observable. */
   @DisLock('undeclared:{0}')
-  undeclaredStream(_id: number, probe: () => Promise<number>): unknown {
+  undeclaredStream(_id: number, probe: () => Promise<number>) {
     return timer(20).pipe(concatMap(() => probe()));
   }
 }
@@ -600,7 +602,7 @@ describe('@DisLock on plain providers', () => {
       }
     });
 
-    it('a sync method comes back as a Promise of its value and runs inside the lock', async () => {
+    it('an async method that never awaits runs its whole body inside the lock', async () => {
       const svc = t.get(ReturnTypes);
       const result: unknown = svc.syncWork(21);
       expect(result).toBeInstanceOf(Promise);
@@ -713,7 +715,7 @@ describe('@DisLock on plain providers', () => {
       expect(await exists(key('rejects:2'))).toBe(0);
     });
 
-    it('a sync method that throws rejects with the same error and frees the key', async () => {
+    it('a method that throws instead of returning its Promise rejects with the same error and frees the key', async () => {
       const error = new RangeError('bad input');
       let result: unknown;
       expect(() => {
@@ -950,7 +952,7 @@ describe('@DisLock on plain providers', () => {
       class Stacked {
         @DisLock('outer:{0}')
         @DisLock({ key: 'inner:{0}', waitTime: 5 })
-        run(_id: number): void {}
+        async run(_id: number): Promise<void> {}
       }
       expect(Reflect.getMetadata(DISLOCK_METADATA, Stacked.prototype.run)).toEqual([
         { key: 'inner:{0}', waitTime: 5 },

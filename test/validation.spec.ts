@@ -19,7 +19,7 @@ import { sharedClient, sharedRedisUrl } from './support/shared-redis';
 function defineLocked(options: unknown): Type<unknown> {
   class Locked {
     @DisLock(options as DisLockOptions)
-    method(): void {}
+    async method(): Promise<void> {}
   }
   return Locked;
 }
@@ -83,14 +83,14 @@ describe('@DisLock options are validated when the class is defined', () => {
     expect(() => {
       class Orders {
         @DisLock({ key: 'order:{0}', expire: 0 })
-        pay(_id: number): void {}
+        async pay(_id: number): Promise<void> {}
       }
       return Orders;
     }).toThrow(InvalidLockOptionsError);
     expect(() => {
       class Orders {
         @DisLock({ key: 'order:{0}', waitTime: -1 })
-        pay(_id: number): void {}
+        async pay(_id: number): Promise<void> {}
       }
       return Orders;
     }).toThrow(/@DisLock on Orders\.pay: option "waitTime"/);
@@ -139,6 +139,7 @@ describe('@DisLock options are validated when the class is defined', () => {
   it('rejects a decorator on something that is not a method', () => {
     const error = thrown(() => {
       class WithAccessor {
+        // @ts-expect-error refused by the compiler too; this test is about the run-time check (plain JS, casts)
         @DisLock('k')
         get value(): number {
           return 1;
