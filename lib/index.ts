@@ -1,17 +1,17 @@
-export { DisLockModule } from './dislock.module';
-export { DisLock } from './dislock.decorator';
+export { DisLockModule } from './module/dislock.module';
+export { DisLock } from './decorator/dislock.decorator';
 export type {
   DisLockAsPlainMethodDecorator,
   DisLockDecorator,
   DisLockMethodMustReturnPromiseOrObservable,
   LockableMethodCheck,
-} from './lockable-method';
-export { LockService } from './lock.service';
-export { DisLockExceptionFilter } from './dislock-exception.filter';
-export type { LockHandle } from './lock-handle';
-export type { LockLostEvent, LockLostHandler } from './lock-lost.event';
-export { DISLOCK_METADATA } from './dislock.constants';
-export { DISLOCK_MODULE_OPTIONS } from './dislock.module-definition';
+} from './decorator/lockable-method';
+export { LockService } from './service/lock.service';
+export { DisLockExceptionFilter } from './decorator/dislock-exception.filter';
+export type { LockHandle } from './core/lock-handle';
+export type { LockLostEvent, LockLostHandler } from './core/lock-lost.event';
+export { DISLOCK_METADATA } from './module/dislock.constants';
+export { DISLOCK_MODULE_OPTIONS } from './module/dislock.module-definition';
 export {
   DEFAULT_MODULE_OPTIONS,
   MAX_LOCK_NAME_LENGTH,
@@ -23,6 +23,6 @@ export {
   type LockTimingOptions,
   type PerLockOptions,
   type RedisConnection,
-} from './dislock.options';
+} from './module/dislock.options';
 export type { AcquireResult, LockStore, ReleaseResult } from './store/lock-store.interface';
 export * from './errors';

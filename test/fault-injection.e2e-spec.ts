@@ -37,7 +37,7 @@ import {
   type StalledHolderReport,
 } from './support/workers/fault-protocol';
 import { FENCE_MARKER, fenceKeyFor, HASH_SLOTS, keySlot, slotTag } from '../lib/store/fence-key';
-import { RENEW_SCRIPT } from '../lib/scripts/renew.script';
+import { RENEW_SCRIPT } from '../lib/store/scripts/renew.script';
 
 /** The real `process`, whatever sandbox the test runner gives test files. */
 const realProcess = runInThisContext('process') as NodeJS.Process;

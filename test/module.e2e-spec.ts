@@ -49,7 +49,7 @@ function trackAliveTimers(): { alive(): string[]; stop(): void } {
         .pending()
         .filter(({ timer }) => timer.hasRef())
         // Only the library's and its Redis client's timers (the test runner has timers of its own).
-        .filter(({ stack }) => stack.includes('ioredis') || /[\\/]lib[\\/][\w.-]+\.ts/.test(stack))
+        .filter(({ stack }) => stack.includes('ioredis') || /[\\/]lib[\\/][\w./-]+\.ts/.test(stack))
         .map(({ stack }) => stack.split('\n').slice(2, 14).join('\n')),
     stop: timers.stop,
   };

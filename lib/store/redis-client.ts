@@ -1,6 +1,6 @@
 import type { Logger } from '@nestjs/common';
 import { Redis, type Cluster, type RedisOptions } from 'ioredis';
-import type { RedisConnection } from '../dislock.options';
+import type { RedisConnection } from '../module/dislock.options';
 
 export type RedisClient = Redis | Cluster;
 

@@ -1,12 +1,12 @@
 import { AsyncResource } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
-import { describeError } from '../describe-error';
-import { ACQUIRE_SCRIPT } from '../scripts/acquire.script';
-import type { LuaScript } from '../scripts/lua-script';
-import { CHECK_SCRIPT } from '../scripts/check.script';
-import { RELEASE_SCRIPT } from '../scripts/release.script';
-import { RENEW_SCRIPT } from '../scripts/renew.script';
+import { describeError } from '../core/describe-error';
+import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
+import type { LuaScript } from './scripts/lua-script';
+import { CHECK_SCRIPT } from './scripts/check.script';
+import { RELEASE_SCRIPT } from './scripts/release.script';
+import { RENEW_SCRIPT } from './scripts/renew.script';
 import { fenceKeyFor, keySlot, slotTag } from './fence-key';
 import type {
   AcquireResult,

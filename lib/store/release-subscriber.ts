@@ -1,4 +1,4 @@
-import { wakeOrTimeout } from '../wake-or-timeout';
+import { wakeOrTimeout } from '../core/wake-or-timeout';
 import { duplicateClient, type RedisClient } from './redis-client';
 import type { ReleaseEchoes } from './release-echoes';
 

@@ -1,6 +1,6 @@
 import { type DynamicModule, Logger, Module } from '@nestjs/common';
 import { guardFactoryInjection } from './async-options-guard';
-import { DisLockInterceptor } from './dislock.interceptor';
+import { DisLockInterceptor } from '../decorator/dislock.interceptor';
 import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from './dislock.internal-constants';
 import {
   DisLockConfigurableModule,
@@ -9,11 +9,11 @@ import {
   type DISLOCK_OPTIONS_TYPE,
 } from './dislock.module-definition';
 import type { ResolvedModuleOptions } from './dislock.options';
-import { LockService } from './lock.service';
+import { LockService } from '../service/lock.service';
 import { resolveModuleOptions } from './options.validation';
-import { connectRedis } from './store/redis-client';
-import type { LockStore } from './store/lock-store.interface';
-import { RedisLockStore } from './store/redis-lock.store';
+import { connectRedis } from '../store/redis-client';
+import type { LockStore } from '../store/lock-store.interface';
+import { RedisLockStore } from '../store/redis-lock.store';
 
 function createStore(options: ResolvedModuleOptions): LockStore {
   const { client, owned } = connectRedis(options.redis, new Logger('DisLock'));

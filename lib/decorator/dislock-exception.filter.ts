@@ -3,7 +3,7 @@ import { inspect } from 'node:util';
 import { type ArgumentsHost, Catch, HttpException, Logger } from '@nestjs/common';
 import { BaseExceptionFilter } from '@nestjs/core';
 import { type Observable, throwError } from 'rxjs';
-import { LockNotAcquiredError, RedisUnavailableError } from './errors';
+import { LockNotAcquiredError, RedisUnavailableError } from '../errors';
 
 /** What a WebSocket client is sent, and an RPC caller receives: the shape of Nest's own error payloads. */
 interface ErrorPayload {

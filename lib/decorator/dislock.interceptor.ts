@@ -13,12 +13,12 @@ import {
   throwError,
   catchError,
 } from 'rxjs';
-import type { DisLockOptions } from './dislock.options';
+import type { DisLockOptions } from '../module/dislock.options';
 import type { KeyResolver } from './key-template';
-import type { Handle } from './lock-handle';
-import { LockService } from './lock.service';
+import type { Handle } from '../core/lock-handle';
+import { LockService } from '../service/lock.service';
 import { LockedResult } from './locked-result';
-import { isPromiseLike } from './promise-like';
+import { isPromiseLike } from '../core/promise-like';
 
 /** What `@DisLock` computed once, when the class was defined. */
 export interface LockedMethodSpec {

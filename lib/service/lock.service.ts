@@ -1,13 +1,13 @@
 import { randomBytes } from 'node:crypto';
-import { describeError } from './describe-error';
+import { describeError } from '../core/describe-error';
 import { type BeforeApplicationShutdown, Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
 import {
   type LockOptions,
   MAX_LOCK_NAME_LENGTH,
   type ResolvedLockOptions,
   type ResolvedModuleOptions,
-} from './dislock.options';
-import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from './dislock.internal-constants';
+} from '../module/dislock.options';
+import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../module/dislock.internal-constants';
 import {
   DisLockError,
   InvalidLockOptionsError,
@@ -15,18 +15,18 @@ import {
   type LockLostReason,
   LockNotAcquiredError,
   RedisUnavailableError,
-} from './errors';
-import { Handle, HeldLock, type LockHandle, leaseValidUntil } from './lock-handle';
-import type { LockLostEvent, LockLostHandler } from './lock-lost.event';
-import { FENCE_MARKER } from './store/fence-key';
-import { LockScope } from './lock-scope';
-import type { LockStore } from './store/lock-store.interface';
-import { StoreTimeoutError } from './store/store-timeout.error';
-import { resolveLockOptions, validateLockOptions } from './options.validation';
-import { isPromiseLike } from './promise-like';
-import { wakeOrTimeout } from './wake-or-timeout';
+} from '../errors';
+import { Handle, HeldLock, type LockHandle, leaseValidUntil } from '../core/lock-handle';
+import type { LockLostEvent, LockLostHandler } from '../core/lock-lost.event';
+import { FENCE_MARKER } from '../store/fence-key';
+import { LockScope } from '../core/lock-scope';
+import type { LockStore } from '../store/lock-store.interface';
+import { StoreTimeoutError } from '../store/store-timeout.error';
+import { resolveLockOptions, validateLockOptions } from '../module/options.validation';
+import { isPromiseLike } from '../core/promise-like';
+import { wakeOrTimeout } from '../core/wake-or-timeout';
 import { WaitQueue } from './wait-queue';
-import { Watchdog } from './watchdog';
+import { Watchdog } from '../core/watchdog';
 
 const now = (): number => performance.now();
 

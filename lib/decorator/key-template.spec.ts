@@ -1,5 +1,5 @@
-import { MAX_LOCK_NAME_LENGTH, type LockKey } from './dislock.options';
-import { DisLockError, InvalidLockOptionsError, KeyResolutionError } from './errors';
+import { MAX_LOCK_NAME_LENGTH, type LockKey } from '../module/dislock.options';
+import { DisLockError, InvalidLockOptionsError, KeyResolutionError } from '../errors';
 import { checkLockName, compileKey } from './key-template';
 
 /** Compile `key` and resolve it over `args`. */

@@ -1,14 +1,14 @@
 import { Inject } from '@nestjs/common';
 import { type Observable, throwError } from 'rxjs';
-import { DISLOCK_METADATA } from './dislock.constants';
+import { DISLOCK_METADATA } from '../module/dislock.constants';
 import { DisLockInterceptor, type LockedMethodSpec } from './dislock.interceptor';
-import { DISLOCK_INTERCEPTOR_PROPERTY } from './dislock.internal-constants';
-import type { DisLockOptions, LockKey } from './dislock.options';
-import { DisLockSetupError, InvalidLockOptionsError } from './errors';
+import { DISLOCK_INTERCEPTOR_PROPERTY } from '../module/dislock.internal-constants';
+import type { DisLockOptions, LockKey } from '../module/dislock.options';
+import { DisLockSetupError, InvalidLockOptionsError } from '../errors';
 import { compileKey } from './key-template';
 import { type DisLockDecorator, returnKindOf } from './lockable-method';
 import { LockedResult } from './locked-result';
-import { validateDecoratorOptions } from './options.validation';
+import { validateDecoratorOptions } from '../module/options.validation';
 
 type AnyMethod = (this: object, ...args: unknown[]) => unknown;
 

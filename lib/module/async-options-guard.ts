@@ -1,5 +1,5 @@
 import type { InjectionToken, OptionalFactoryDependency } from '@nestjs/common';
-import { InvalidLockOptionsError } from './errors';
+import { InvalidLockOptionsError } from '../errors';
 
 type FactoryDependency = InjectionToken | OptionalFactoryDependency;
 

@@ -1,9 +1,9 @@
 import type { Logger } from '@nestjs/common';
 import { describeError } from './describe-error';
 import { DueHeap } from './due-heap';
-import type { LockLostReason } from './errors';
+import type { LockLostReason } from '../errors';
 import { type HeldLock, leaseValidUntil } from './lock-handle';
-import type { LockStore } from './store/lock-store.interface';
+import type { LockStore } from '../store/lock-store.interface';
 
 const now = (): number => performance.now();
 

@@ -1,4 +1,4 @@
-import type { LockLostError, LockLostReason } from './errors';
+import type { LockLostError, LockLostReason } from '../errors';
 
 /** What `onLockLost` receives when a held lock stops being safe to rely on. */
 export interface LockLostEvent {

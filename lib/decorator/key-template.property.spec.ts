@@ -6,8 +6,8 @@
  * a prototype chain.
  */
 import fc from 'fast-check';
-import { MAX_LOCK_NAME_LENGTH } from './dislock.options';
-import { InvalidLockOptionsError, KeyResolutionError } from './errors';
+import { MAX_LOCK_NAME_LENGTH } from '../module/dislock.options';
+import { InvalidLockOptionsError, KeyResolutionError } from '../errors';
 import { compileKey, type KeyResolver } from './key-template';
 
 const RUNS = { numRuns: 250 };
@@ -765,7 +765,7 @@ describe('compileKey: properties over hostile templates and arguments', () => {
     }
   });
 
-  // Guards a fixed bug (lib/key-template.ts used `error instanceof Error ? error.message :
+  // Guards a fixed bug (lib/decorator/key-template.ts used `error instanceof Error ? error.message :
   // String(error)`, now describeError): when an own getter or Proxy trap on the path throws a value that has no string form (a
   // null-prototype object, an object whose toString throws, an Error whose `message` getter
   // throws, a Proxy whose getPrototypeOf trap throws), building the KeyResolutionError's message

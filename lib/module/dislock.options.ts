@@ -1,5 +1,5 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
-import type { LockLostHandler } from './lock-lost.event';
+import type { LockLostHandler } from '../core/lock-lost.event';
 
 /** A key template over the method's arguments (`'order:{0}'`, `'user:{0.id}'`) or a function of them. */
 export type LockKey = string | ((...args: never[]) => string);

@@ -1,4 +1,4 @@
-import type { ResolvedLockOptions } from './dislock.options';
+import type { ResolvedLockOptions } from '../module/dislock.options';
 import type { Scheduled } from './due-heap';
 import type { WatchdogDue } from './watchdog';
 

@@ -1,4 +1,4 @@
-import type { ReleaseWatch } from './store/lock-store.interface';
+import type { ReleaseWatch } from '../store/lock-store.interface';
 
 /** One waiter's place in a `WaitQueue`. */
 export interface WaitTicket {

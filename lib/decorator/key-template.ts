@@ -1,6 +1,6 @@
-import { describeError } from './describe-error';
-import { InvalidLockOptionsError, KeyResolutionError } from './errors';
-import { MAX_LOCK_NAME_LENGTH, type LockKey } from './dislock.options';
+import { describeError } from '../core/describe-error';
+import { InvalidLockOptionsError, KeyResolutionError } from '../errors';
+import { MAX_LOCK_NAME_LENGTH, type LockKey } from '../module/dislock.options';
 
 /**
  * Key templates: literal text with placeholders over the method's arguments.

@@ -1,4 +1,4 @@
-import { InvalidLockOptionsError } from './errors';
+import { InvalidLockOptionsError } from '../errors';
 import {
   DEFAULT_MODULE_OPTIONS,
   type DisLockModuleOptions,
@@ -8,7 +8,7 @@ import {
   type ResolvedModuleOptions,
   UNSET_EXPIRE,
 } from './dislock.options';
-import type { LockLostHandler } from './lock-lost.event';
+import type { LockLostHandler } from '../core/lock-lost.event';
 
 /** Node timers overflow past 2^31 - 1 ms and would fire at once; no duration may exceed it. */
 const MAX_DURATION_MS = 2 ** 31 - 1;
