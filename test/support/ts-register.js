@@ -5,7 +5,7 @@
 // Every `.ts` file outside node_modules is transpiled on load with `typescript.transpileModule`
 // (no type checking: `npm run typecheck` does that) using the compiler options of tsconfig.json,
 // emitted as CommonJS, with decorators and their metadata as Nest needs them. The package name
-// 'nestjs-dislock' resolves to lib/index.ts, as in tsconfig's `paths` and jest's moduleNameMapper.
+// 'nestjs-dislock' resolves to lib/index.ts, as in tsconfig's `paths` and the Vitest config's alias.
 //
 // Outputs are cached in $TMPDIR/dislock-ts-register-<uid>/, keyed by a hash of everything they depend on
 // (TypeScript version, options, file name, source), so that many workers start fast; an edited

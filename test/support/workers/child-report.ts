@@ -9,7 +9,7 @@ export function report(event: string, data: object = {}): void {
 }
 
 /**
- * Collect unhandled rejections and uncaught exceptions (Jest's sandbox cannot see a child's), and
+ * Collect unhandled rejections and uncaught exceptions (the test runner cannot see a child's), and
  * report them with the exit code as the process exits.
  */
 export function reportExit(): void {

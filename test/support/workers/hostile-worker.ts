@@ -1,6 +1,6 @@
 /**
  * Child process of test/hostile-input.e2e-spec.ts, for what only a process of its own can show:
- * unhandled rejections (Jest's sandbox cannot observe them), a CA trusted through
+ * unhandled rejections (kept out of the test runner's process), a CA trusted through
  * NODE_EXTRA_CA_CERTS (read once at process start), and a process that exits by itself after
  * `app.close()`.
  *

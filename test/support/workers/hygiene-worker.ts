@@ -1,6 +1,6 @@
 /**
  * Child process of test/hygiene.e2e-spec.ts: a process of its own, so that nothing of other tests
- * (Jest's own handles, other suites' clients) blurs what the library leaves behind.
+ * (the test runner's own handles, other suites' clients) blurs what the library leaves behind.
  *
  *   node [--expose-gc] -r ./test/support/ts-register.js test/support/workers/hygiene-worker.ts '<json>'
  *
