@@ -4,8 +4,9 @@ import { defineConfig } from 'vitest/config';
 
 const here = (path: string): string => fileURLToPath(new URL(path, import.meta.url));
 
-// esbuild (Vite's default) emits no decorator metadata, which Nest's DI reads; SWC does, with the
-// same legacy decorators and class-field semantics as tsconfig.json.
+// Nest's DI and @DisLock read decorator metadata. SWC emits it as tsc does (the library's build),
+// with the same legacy decorators and class-field semantics as tsconfig.json, whatever transform
+// the installed Vite uses by default.
 const typescript = swc.vite({
   jsc: {
     parser: { syntax: 'typescript', decorators: true },
