@@ -78,7 +78,7 @@ export type DisLockDecorator = (<M>(
 export type ReturnKind = 'promise' | 'observable' | 'either';
 
 /**
- * Reads the return type the compiler recorded (`design:returntype`). tsc and SWC record the same
+ * Reads the return type the compiler recorded (`design:returntype`). tsc, SWC and Oxc (Vite 8) record the same
  * thing: the class for a written `Promise<T>`/`Observable<T>` (and `Promise` for any `async`
  * method), `Object` or `Function` for unions, interfaces, aliases and type-only imports, and
  * `undefined` for an inferred return type of a non-async method. Only a class that is itself a
