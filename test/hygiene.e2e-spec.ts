@@ -102,7 +102,7 @@ describe('hygiene', () => {
     await expectOnlyFenceKeys(redis, keyPrefix); // the locks held at close were released
   });
 
-  // Guards a fixed bug (lib/service/lock.service.ts, waitInLine() returned on `stop.signal.aborted` right
+  // Guards a fixed bug (lib/service/wait-line.ts, WaitLine.wait() returned on `stop.signal.aborted` right
   // after `await queue.watch` without checking for shutdown): a waiter whose SUBSCRIBE is still on its way when app.close() begins
   // has its wait aborted by beforeApplicationShutdown and returns `null` without checking
   // `closing`. tryLock then resolves null ("busy") and lock() / @DisLock reject with

@@ -217,7 +217,7 @@ describe('races and leaks', () => {
     }
   });
 
-  // BUG (service/lock.service.ts:261 + store/redis-lock.store.ts:85): LockService waiters (no cancel
+  // BUG (service/wait-line.ts + store/redis-lock.store.ts:85): LockService waiters (no cancel
   // signal) all add an 'abort' listener to the one long-lived shutdown signal; with more than 10
   // concurrent waiters Node prints "MaxListenersExceededWarning: Possible EventTarget memory leak
   // detected. 11 abort listeners added to [AbortSignal]" (a false alarm, but it lands in

@@ -41,7 +41,7 @@ export interface LockHandle {
   [Symbol.asyncDispose](): Promise<void>;
 }
 
-/** What a handle calls back into; implemented by `LockService`. */
+/** What a handle calls back into; implemented by `HeldLocks` (lib/service/held-locks.ts). */
 export interface HoldKeeper {
   releaseHold(lock: HeldLock, reentrant: boolean): Promise<boolean>;
   stopRenewal(lock: HeldLock): void;

@@ -1,0 +1,162 @@
+import { Handle, HeldLock, leaseValidUntil } from '../core/lock-handle';
+import type { LockScope } from '../core/lock-scope';
+import { OwnerIds } from '../core/owner-ids';
+import { InvalidLockOptionsError } from '../errors';
+import type { ResolvedLockOptions, ResolvedModuleOptions } from '../module/dislock.options';
+import { FENCE_MARKER } from '../store/fence-key';
+import type { LockStore } from '../store/lock-store.interface';
+import type { HeldLocks } from './held-locks';
+import { redisFailed } from './redis-failed';
+import type { ShutdownGate } from './shutdown-gate';
+import type { Attempter, WaitLine } from './wait-line';
+
+const now = (): number => performance.now();
+
+function leaseOf(options: ResolvedLockOptions): number {
+  return options.expire > 0 ? options.expire : options.lockWatchdogTimeout;
+}
+
+/**
+ * Taking a lock: re-entering a hold the caller's async call chain already has, one attempt against
+ * the store when nobody here waits for the key, otherwise a place in the wait line.
+ */
+export class Acquisition implements Attempter {
+  private readonly ownerIds = new OwnerIds();
+
+  constructor(
+    private readonly options: ResolvedModuleOptions,
+    private readonly store: LockStore,
+    private readonly scope: LockScope,
+    private readonly held: HeldLocks,
+    private readonly line: WaitLine,
+    private readonly gate: ShutdownGate,
+  ) {}
+
+  /**
+   * Resolves `null` when the lock is still busy after `waitTime` or `cancel` aborted the wait;
+   * rejects when Redis fails or the application is shutting down. Tracked while under way, so
+   * that shutdown can wait for it.
+   */
+  async acquire(
+    name: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    cancel?: AbortSignal,
+  ): Promise<Handle | null> {
+    this.gate.enter();
+    try {
+      return await this.acquireNow(name, options, keepOnShutdown, cancel);
+    } finally {
+      this.gate.leave();
+    }
+  }
+
+  private async acquireNow(
+    name: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    cancel: AbortSignal | undefined,
+  ): Promise<Handle | null> {
+    this.gate.assertOpen(name);
+    if (name.startsWith(FENCE_MARKER)) {
+      throw new InvalidLockOptionsError(
+        'name',
+        `Lock names starting with "${FENCE_MARKER}" are reserved for fencing counters, got "${name}"`,
+      );
+    }
+    if (cancel?.aborted) return null;
+    const key = this.options.keyPrefix + name;
+    const deadline = now() + options.waitTime;
+    const outer = this.scope.find(key)?.lock;
+    if (outer) {
+      // Inside the outer holder's call chain: only re-enter its hold (the lease stays the outer's).
+      const handle = await this.reenter(outer);
+      if (handle) return handle;
+    }
+    // Nobody here waits for it, or this caller will not wait: one attempt straight away. Otherwise
+    // join the line, so that a newcomer cannot take the lock from under waiters that came first,
+    // nor, just after this process released it, from waiters in other processes.
+    const giveWay = this.line.givingWay(key);
+    if ((!this.line.hasWaiters(key) && giveWay === 0) || options.waitTime === 0) {
+      const first = await this.attempt(name, key, options, keepOnShutdown);
+      if (first instanceof Handle) return first;
+      if (deadline - now() <= 0 || cancel?.aborted) return null;
+    }
+    return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel, giveWay);
+  }
+
+  /**
+   * Re-enter the outer holder's hold: one more local hold on the same lock, nothing new in Redis.
+   * The hold is counted before Redis is asked whether the owner still has the lock, so that the
+   * outer's release meanwhile leaves the lock in place for it. `undefined` when the lock has gone
+   * (the outer has lost it, or its lease may have ended): this acquisition competes as a newcomer.
+   */
+  private async reenter(outer: HeldLock): Promise<Handle | undefined> {
+    if (now() >= outer.leaseEndsAt) return undefined; // the watchdog reports the loss on its tick
+    outer.holds += 1;
+    const handle = new Handle(outer, true, this.held);
+    let result;
+    try {
+      result = await this.store.check(outer.key, outer.owner);
+    } catch (error) {
+      await this.held.finish(handle, true);
+      throw redisFailed('acquire', outer.name, error);
+    }
+    if (!result.held) {
+      this.held.lose(outer, 'not-owner', 'a reentrant acquisition found it gone or held by another owner');
+    }
+    if (outer.state === 'held' && now() < outer.leaseEndsAt) return handle;
+    await this.held.finish(handle, true);
+    return undefined;
+  }
+
+  /** One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy. */
+  async attempt(
+    name: string,
+    key: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+  ): Promise<Handle | number> {
+    const owner = this.ownerIds.next();
+    const lease = leaseOf(options);
+    const sentAt = now();
+    let result;
+    try {
+      result = await this.store.acquire(key, owner, lease);
+    } catch (error) {
+      throw redisFailed('acquire', name, error);
+    }
+    if (!result.acquired) return result.ttl;
+    if (now() >= leaseValidUntil(sentAt, lease)) {
+      // The answer came after the lease it granted may have ended in Redis: another owner may
+      // hold the lock by now. Never hand that out: give the hold back (owner-checked) and count
+      // this attempt as a miss.
+      await this.store.release(key, owner).catch(() => undefined);
+      return -2;
+    }
+    if (this.gate.closing) await this.giveBack(name, key, owner);
+    return this.keep(name, key, owner, result.token, options, sentAt, keepOnShutdown);
+  }
+
+  /** Shutdown began while this acquisition was on its way: nobody would release the lock. Throws. */
+  private async giveBack(name: string, key: string, owner: string): Promise<never> {
+    await this.store.release(key, owner).catch(() => undefined);
+    this.gate.assertOpen(name);
+    throw new Error('unreachable: giveBack is only called while closing');
+  }
+
+  /** Start keeping a lock just taken in Redis. */
+  private keep(
+    name: string,
+    key: string,
+    owner: string,
+    token: number,
+    options: ResolvedLockOptions,
+    sentAt: number,
+    keepOnShutdown: boolean,
+  ): Handle {
+    const lock = new HeldLock(name, key, owner, token, options, sentAt, keepOnShutdown);
+    this.held.add(lock);
+    return new Handle(lock, false, this.held);
+  }
+}

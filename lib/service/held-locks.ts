@@ -1,0 +1,188 @@
+import type { Logger } from '@nestjs/common';
+import { describeError } from '../core/describe-error';
+import type { Handle, HeldLock, HoldKeeper, LockHandle } from '../core/lock-handle';
+import type { LockScope } from '../core/lock-scope';
+import { Watchdog } from '../core/watchdog';
+import { LockLostError, type LockLostReason, RedisUnavailableError } from '../errors';
+import type { LockStore } from '../store/lock-store.interface';
+import type { LossReporter } from './loss-reporter';
+import { redisFailed } from './redis-failed';
+import type { WaitLine } from './wait-line';
+
+/**
+ * The locks a `LockService` holds, from acquisition to release: the holds of each (outermost and
+ * reentrant), the watchdog that renews them, releasing, leaving a key to expire, and noticing a
+ * loss. What every handle calls back into.
+ */
+export class HeldLocks implements HoldKeeper {
+  /** Locks held now, released at shutdown; an entry lives only while held. */
+  private readonly held = new Set<HeldLock>();
+  private readonly watchdog: Watchdog;
+
+  constructor(
+    private readonly store: LockStore,
+    private readonly logger: Logger,
+    scope: LockScope,
+    private readonly reporter: LossReporter,
+    private readonly line: WaitLine,
+  ) {
+    this.watchdog = new Watchdog(
+      store,
+      logger,
+      (lock, reason, detail, cause) => this.markLost(lock, reason, detail, cause),
+      (fn) => scope.outside(fn),
+    );
+  }
+
+  /** Start keeping a lock just taken in Redis: renewed, or watched until its fixed lease ends. */
+  add(lock: HeldLock): void {
+    this.held.add(lock);
+    this.watchdog.start(lock);
+  }
+
+  /** Report a held lock lost (does nothing if it is not held any more). */
+  lose(lock: HeldLock, reason: LockLostReason, detail: string): void {
+    this.watchdog.lose(lock, reason, detail);
+  }
+
+  /**
+   * End one acquisition: release it, or (`release: false`, outermost only) leave the key to
+   * expire: renewal goes on while reentrant holds of it still run, then stops. Never rejects: a
+   * failure is logged, the lease then ends the lock on its own.
+   */
+  async finish(handle: Handle, release: boolean): Promise<void> {
+    if (!release && !handle.reentrant) {
+      if (!handle.finishKeeping()) return;
+      const lock = handle.lock;
+      lock.outerDone = true;
+      lock.keepKey = true;
+      lock.stopAsked = true;
+      lock.holds -= 1;
+      if (lock.holds === 0 && lock.state === 'held') this.detach(lock);
+      return;
+    }
+    try {
+      await handle.release();
+    } catch (error) {
+      // The log says what Redis reported: the error's own message leaves that to its cause.
+      const why = error instanceof RedisUnavailableError ? error.cause : error;
+      this.logger.warn(
+        `Releasing lock "${handle.name}" failed (${describeError(why)}); it expires on its own within its lease`,
+      );
+    }
+  }
+
+  // ---- HoldKeeper (called by handles) --------------------------------------------------------------------------
+
+  async releaseHold(lock: HeldLock, reentrant: boolean): Promise<boolean> {
+    if (!reentrant) lock.outerDone = true;
+    lock.holds -= 1;
+    if (lock.state === 'shut-down') return false; // shutdown already released (or kept) every hold
+    if (lock.holds > 0) {
+      // Another hold of this owner still runs under the lock: nothing changes in Redis, and the
+      // watchdog goes on renewing (or watching the fixed lease) for it.
+      this.detachIfAsked(lock);
+      return false;
+    }
+    if (lock.keepKey) {
+      // The outermost method ended with `ifExpireWhenFinish: false` and this was the last
+      // reentrant hold after it: leave the key to expire, as the outermost asked.
+      if (lock.state === 'held') this.detach(lock);
+      return false;
+    }
+    const wasHeld = lock.state === 'held';
+    const wasLost = lock.state === 'lost';
+    this.settle(lock, wasHeld ? 'released' : lock.state);
+    let result;
+    try {
+      // Owner-checked: even for a lock known to be lost this only ever drops this owner's own hold.
+      result = await this.store.release(lock.key, lock.owner);
+    } catch (error) {
+      if (wasLost) return false; // already reported; its hold, if Redis still has one, expires on its own
+      throw redisFailed('release', lock.name, error);
+    }
+    // A plain release has woken the local line already (the store does that for every release it
+    // knows has run); with waiters elsewhere too, the local head holds back first.
+    if (result === 'released-contended') this.line.giveWay(lock.key);
+    if (result === 'not-owner' && wasHeld) {
+      // Expired or taken over before the watchdog noticed: the work it protected was not protected.
+      this.markLost(lock, 'not-owner', 'its release found it gone or held by another owner');
+    }
+    return (result === 'released' || result === 'released-contended') && !wasLost;
+  }
+
+  stopRenewal(lock: HeldLock): void {
+    if (lock.state !== 'held') return;
+    lock.stopAsked = true;
+    this.detachIfAsked(lock);
+  }
+
+  async disposeHold(handle: LockHandle): Promise<void> {
+    await this.finish(handle as Handle, true);
+  }
+
+  // ---- shutdown ----------------------------------------------------------------------------
+
+  /** Give up every held lock: release it (those of `ifExpireWhenFinish: false` are left to expire). */
+  async giveUpAll(): Promise<void> {
+    const locks = [...this.held];
+    await Promise.all(
+      locks.map(async (lock) => {
+        this.settle(lock, 'shut-down');
+        this.reporter.announce(
+          lock,
+          new LockLostError(lock.name, 'shutdown', `Lock "${lock.name}" given up: the application is shutting down`),
+        );
+        if (lock.keepOnShutdown) return;
+        try {
+          await this.store.release(lock.key, lock.owner);
+        } catch (error) {
+          this.logger.warn(
+            `Could not release lock "${lock.name}" at shutdown (${describeError(error)}); it expires on its own`,
+          );
+        }
+      }),
+    );
+  }
+
+  // ---- internals ---------------------------------------------------------------------------
+
+  /**
+   * Renewal was asked to stop: stop it once only the hold that asked is left (a reentrant hold
+   * still running keeps it renewed, or watched, until it ends).
+   */
+  private detachIfAsked(lock: HeldLock): void {
+    if (lock.state === 'held' && lock.stopAsked && lock.holds === (lock.outerDone ? 0 : 1)) this.detach(lock);
+  }
+
+  /** Stop renewing and leave the key to expire. */
+  private detach(lock: HeldLock): void {
+    this.settle(lock, 'detached');
+    // A local waiter may be sleeping on this holder's release; it will now come at expiry, or
+    // never: let the head ask Redis for the real remaining lease.
+    this.line.wake(lock.key);
+  }
+
+  /**
+   * A held lock is no longer safe to rely on. Called by the watchdog (renewal answered "not owner",
+   * lease ran out) and by a release that found the lock gone; a lock already lost, given up at
+   * shutdown or detached is left alone, so each loss is reported once.
+   */
+  private markLost(lock: HeldLock, reason: LockLostReason, detail: string, cause?: unknown): void {
+    if (lock.state === 'lost' || lock.state === 'shut-down' || lock.state === 'detached') return;
+    this.settle(lock, 'lost');
+    this.line.wake(lock.key); // no release will announce it: let the next local waiter look
+    const message = `Lock "${lock.name}" lost: ${detail}`;
+    this.reporter.announce(
+      lock,
+      new LockLostError(lock.name, reason, message, cause === undefined ? undefined : { cause }),
+    );
+  }
+
+  /** Leave the `held` state: stop the watchdog and forget the lock. */
+  private settle(lock: HeldLock, state: HeldLock['state']): void {
+    this.watchdog.stop(lock);
+    this.held.delete(lock);
+    lock.state = state;
+  }
+}

@@ -1,0 +1,13 @@
+import { RedisUnavailableError } from '../errors';
+import { StoreTimeoutError } from '../store/store-timeout.error';
+
+/**
+ * A store failure as the caller sees it. The message may reach an HTTP client (Nest 11's default
+ * filter sends it as the body), so it says only what failed: the store's own error, which can name
+ * the server's address or the connection error, stays in `cause`, for logs.
+ */
+export function redisFailed(operation: 'acquire' | 'release', name: string, error: unknown): RedisUnavailableError {
+  const why =
+    error instanceof StoreTimeoutError ? `Redis did not answer within ${error.timeoutMs} ms` : 'Redis is unavailable';
+  return new RedisUnavailableError(operation, name, `Could not ${operation} lock "${name}": ${why}`, { cause: error });
+}

@@ -1,0 +1,161 @@
+import { Handle } from '../core/lock-handle';
+import type { LockScope } from '../core/lock-scope';
+import { wakeOrTimeout } from '../core/wake-or-timeout';
+import type { ResolvedLockOptions } from '../module/dislock.options';
+import type { LockStore } from '../store/lock-store.interface';
+import type { ShutdownGate } from './shutdown-gate';
+import { WaitQueue } from './wait-queue';
+
+const now = (): number => performance.now();
+
+/**
+ * How long a process that released a lock other processes wait for holds back its own next attempt:
+ * long enough for a woken waiter elsewhere to hear the release and reach Redis (a round trip and a
+ * turn of its event loop), short enough to cost little when none does.
+ */
+const GIVE_WAY_MS = 3;
+
+/** Poll back-off while the release channel is not heard: 5, 10, 20, 40, 80, then 100 ms, each +-50 %. */
+function backoff(attempt: number): number {
+  return Math.min(100, 5 * 2 ** Math.min(attempt, 8)) * (0.5 + Math.random());
+}
+
+/** What the line asks to take the lock, once, when a waiter's turn comes. */
+export interface Attempter {
+  /** One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy. */
+  attempt(name: string, key: string, options: ResolvedLockOptions, keepOnShutdown: boolean): Promise<Handle | number>;
+}
+
+/**
+ * Waiting for a busy lock, across calls: one local first-come-first-served line per key (see
+ * `WaitQueue`), whose head sleeps until a release is heard or the holder's lease ends; and giving
+ * way to other processes' waiters right after this process released a lock they wait for.
+ */
+export class WaitLine {
+  /** Waits in progress, one controller each: shutdown ends them. */
+  private readonly waits = new Set<AbortController>();
+  /** The local waiters of each key someone here is waiting for; an entry lives while it has waiters. */
+  private readonly queues = new Map<string, WaitQueue>();
+  /** Keys this process just released to waiters elsewhere, and until when it gives way (see `giveWay`). */
+  private readonly givingWayUntil = new Map<string, number>();
+
+  constructor(
+    private readonly store: LockStore,
+    private readonly scope: LockScope,
+    private readonly gate: ShutdownGate,
+  ) {}
+
+  /** Whether someone here waits for `key`. */
+  hasWaiters(key: string): boolean {
+    return this.queues.has(key);
+  }
+
+  /** No release will announce that `key` became free (or will be): let the head of its line look. */
+  wake(key: string): void {
+    this.queues.get(key)?.wake();
+  }
+
+  /** Shutdown: end every wait in progress. */
+  stopWaits(): void {
+    for (const wait of this.waits) wait.abort();
+  }
+
+  /**
+   * Wait for the lock behind the local waiters that came first. Only the head of the line tries
+   * (through `taker`); between tries it sleeps until a release is announced (pub/sub, or this
+   * process's own release), the holder's lease runs out, `waitTime` ends, or the wait is cancelled
+   * or shut down.
+   */
+  async wait(
+    taker: Attempter,
+    name: string,
+    key: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    deadline: number,
+    cancel: AbortSignal | undefined,
+    giveWay: number,
+  ): Promise<Handle | null> {
+    let queue = this.queues.get(key);
+    if (!queue) {
+      // Outside the caller's lock scope: the subscriber connection this may open outlives the call.
+      queue = new WaitQueue(this.scope.outside(() => this.store.watch(key)));
+      this.queues.set(key, queue);
+    }
+    const stop = new AbortController();
+    const abort = (): void => stop.abort();
+    cancel?.addEventListener('abort', abort, { once: true });
+    this.waits.add(stop);
+    const place = queue.join();
+    try {
+      const wait = deadline - now();
+      const myTurn = wait > 0 && (await wakeOrTimeout(wait, stop.signal, (wake) => void place.turn.then(wake)));
+      this.gate.assertOpen(name);
+      if (!myTurn) return null;
+      const watch = await queue.watch;
+      // The previous head left holding the lock: wait for its release before asking Redis. Or this
+      // process has just released it to waiters elsewhere: give them a moment to take it first.
+      let ttl = queue.heldLocally ? queue.heldLease : giveWay > 0 ? giveWay : -1;
+      let tryNow = !queue.heldLocally && giveWay === 0;
+      queue.heldLocally = false;
+      for (let attempt = 0; ; attempt += 1) {
+        this.gate.assertOpen(name); // shutdown may have ended the wait while it was subscribing
+        if (stop.signal.aborted) return null;
+        if (tryNow) {
+          const result = await taker.attempt(name, key, options, keepOnShutdown);
+          if (result instanceof Handle) {
+            queue.heldLocally = true;
+            queue.heldLease = result.lock.leaseMs;
+            return result;
+          }
+          ttl = result;
+        }
+        tryNow = true;
+        const remaining = deadline - now();
+        if (remaining <= 0) return null;
+        // Listening: sleep until a release is heard, or the holder's lease ends. Not listening
+        // (the subscription failed): poll with a short back-off, never past the lease either.
+        // PTTL 0 is a lease with under a millisecond left (retry right after it), -1 a key with no
+        // expiry at all (only a release can free it), -2 a key already gone (retry at once).
+        const lease = ttl === -1 ? Infinity : Math.max(0, ttl) + 1;
+        const sleep = watch.listening ? lease : Math.min(lease, backoff(attempt));
+        await watch.wait(Math.min(remaining, sleep), stop.signal);
+        this.gate.assertOpen(name);
+      }
+    } finally {
+      this.waits.delete(stop);
+      cancel?.removeEventListener('abort', abort);
+      queue.leave(place);
+      if (queue.empty && this.queues.get(key) === queue) {
+        this.queues.delete(key);
+        void queue.watch.then((watch) => watch.close());
+      }
+    }
+  }
+
+  /**
+   * This process released `key` while other processes were waiting for it. Left alone, its own
+   * next attempt (a local waiter, or the releasing code coming straight back) would reach Redis
+   * before their woken waiters do, every time: the lock would never leave the process. So for
+   * GIVE_WAY_MS local attempts hold back, unless a release is heard first.
+   */
+  giveWay(key: string): void {
+    if (this.givingWayUntil.size >= 1_024) {
+      const at = now();
+      for (const [k, until] of this.givingWayUntil) if (until <= at) this.givingWayUntil.delete(k);
+    }
+    this.givingWayUntil.set(key, now() + GIVE_WAY_MS);
+    const queue = this.queues.get(key);
+    if (queue) this.scope.outside(() => queue.wake(GIVE_WAY_MS)); // its timer belongs to no caller
+  }
+
+  /** ms left of giving way on `key` (0: none). */
+  givingWay(key: string): number {
+    const until = this.givingWayUntil.get(key);
+    if (until === undefined) return 0;
+    const left = until - now();
+    if (left > 0) return left;
+    this.givingWayUntil.delete(key);
+    return 0;
+  }
+}
