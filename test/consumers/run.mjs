@@ -342,6 +342,9 @@ async function install(name, tarball) {
       recursive: true,
       filter: (src) => !/[/\\](node_modules|dist)([/\\]|$)|\.tsbuildinfo$/.test(src),
     });
+    // The module, the controller the HTTP checks below talk to, and the type-check file are the
+    // same in every app: one copy in shared/, laid into each app here.
+    cpSync(join(HERE, 'shared'), dir, { recursive: true });
     // Plain `npm install`: no --legacy-peer-deps, no --force; peers must be satisfied as they are.
     const result = await run('npm', ['install', '--no-audit', '--no-fund', tarball], {
       cwd: dir,

@@ -1,6 +1,7 @@
-// Type-checked (never run) by run.mjs under moduleResolution node10 (`"module": "commonjs"`, Nest 10's
-// tsconfig, kept by many projects since): the package's types must resolve, and resolve to real
-// types, not `any` (each @ts-expect-error needs an error).
+// Type-checked (never run) by run.mjs in each app: under bundler and node16 (nest12-esm) and under
+// node10 (nest11-cjs, `"module": "commonjs"`, Nest 10's tsconfig, kept by many projects since). The
+// package's types must resolve, and resolve to real types, not `any` (each @ts-expect-error needs
+// an error).
 import type { DynamicModule } from '@nestjs/common';
 import { DisLock, DisLockModule, LockService } from 'nestjs-dislock';
 
