@@ -2,7 +2,7 @@ import { Handle } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
 import { wakeOrTimeout } from '../core/wake-or-timeout';
 import type { ResolvedLockOptions } from '../module/dislock.options';
-import type { LockStore } from '../store/lock-store.interface';
+import type { LockStore, ReleaseWatch } from '../store/lock-store.interface';
 import type { ShutdownGate } from './shutdown-gate';
 import { WaitQueue } from './wait-queue';
 
@@ -14,6 +14,13 @@ const now = (): number => performance.now();
  * turn of its event loop), short enough to cost little when none does.
  */
 const GIVE_WAY_MS = 3;
+
+/**
+ * How long the head of a line waits for its key's subscription before its first attempt. A waiter
+ * never waits for it past its own deadline: a subscriber connection that cannot be made (its node
+ * is gone, Redis is slow) turns the wait into polling, not into a wait of `operationTimeout`.
+ */
+const SUBSCRIBE_GRACE_MS = 100;
 
 /** Poll back-off while the release channel is not heard: 5, 10, 20, 40, 80, then 100 ms, each +-50 %. */
 function backoff(attempt: number): number {
@@ -92,7 +99,7 @@ export class WaitLine {
       const myTurn = wait > 0 && (await wakeOrTimeout(wait, stop.signal, (wake) => void place.turn.then(wake)));
       this.gate.assertOpen(name);
       if (!myTurn) return null;
-      const watch = await queue.watch;
+      let watch = await this.watchWithin(queue, Math.min(deadline - now(), SUBSCRIBE_GRACE_MS), stop.signal);
       // The previous head left holding the lock: wait for its release before asking Redis. Or this
       // process has just released it to waiters elsewhere: give them a moment to take it first.
       let ttl = queue.heldLocally ? queue.heldLease : giveWay > 0 ? giveWay : -1;
@@ -118,6 +125,13 @@ export class WaitLine {
         // PTTL 0 is a lease with under a millisecond left (retry right after it), -1 a key with no
         // expiry at all (only a release can free it), -2 a key already gone (retry at once).
         const lease = ttl === -1 ? Infinity : Math.max(0, ttl) + 1;
+        if (!watch) {
+          // Still subscribing (a slow or unreachable subscriber connection): poll meanwhile, and
+          // once it listens, try again at once, since a release before that was not heard.
+          watch = await this.watchWithin(queue, Math.min(remaining, lease, backoff(attempt)), stop.signal);
+          this.gate.assertOpen(name);
+          continue;
+        }
         const sleep = watch.listening ? lease : Math.min(lease, backoff(attempt));
         await watch.wait(Math.min(remaining, sleep), stop.signal);
         this.gate.assertOpen(name);
@@ -131,6 +145,18 @@ export class WaitLine {
         void queue.watch.then((watch) => watch.close());
       }
     }
+  }
+
+  /** The key's watch once subscribed, or `undefined` when that takes longer than `maxMs` or the wait stops. */
+  private async watchWithin(queue: WaitQueue, maxMs: number, signal: AbortSignal): Promise<ReleaseWatch | undefined> {
+    let watch: ReleaseWatch | undefined;
+    await wakeOrTimeout(Math.max(1, maxMs), signal, (wake) => {
+      void queue.watch.then((subscribed) => {
+        watch = subscribed;
+        wake();
+      });
+    });
+    return watch;
   }
 
   /**

@@ -1,5 +1,11 @@
 import { wakeOrTimeout } from '../core/wake-or-timeout';
-import { duplicateClient, type RedisClient } from './redis-client';
+import { duplicateClient, isClusterClient, type RedisClient } from './redis-client';
+import {
+  type ChannelEvents,
+  type ReleaseChannels,
+  ShardedChannels,
+  SingleConnectionChannels,
+} from './release-channels';
 import type { ReleaseEchoes } from './release-echoes';
 
 /** One waiter's interest in the releases of one lock key. */
@@ -60,13 +66,25 @@ interface Channel {
 
 /**
  * Hears lock releases over Redis pub/sub: the release script publishes on a channel named like the
- * lock key. One subscriber connection per store, opened on the first wait and shared by every
- * waiter; a key's channel is subscribed while at least one local waiter watches it.
+ * lock key. The subscriber connections (one, or on a Cluster one per master that owns a watched
+ * slot) are opened on the first wait and shared by every waiter; a key's channel is subscribed
+ * while at least one local waiter watches it.
  */
 export class ReleaseSubscriber {
-  private connection: RedisClient | undefined;
+  private connections: ReleaseChannels | undefined;
   private readonly channels = new Map<string, Channel>();
   private closed = false;
+  private readonly events: ChannelEvents = {
+    message: (channel, message) => {
+      if (this.echoes.isOwn(message) && !this.echoes.echoed(message)) return;
+      this.wakeChannel(channel);
+    },
+    missed: (channels) => {
+      // Every waiter re-checks now, so no announcement still on its way matters any more.
+      this.echoes.reset();
+      for (const channel of channels) this.wakeChannel(channel);
+    },
+  };
 
   constructor(
     private readonly source: RedisClient,
@@ -100,13 +118,13 @@ export class ReleaseSubscriber {
     return this.channels.has(this.channelOf(key));
   }
 
-  /** Ends every wait and closes the subscriber connection. */
+  /** Ends every wait and closes the subscriber connections. */
   close(): void {
     this.closed = true;
     for (const channel of this.channels.values()) for (const watch of channel.watches) watch.wake();
     this.channels.clear();
-    this.connection?.disconnect();
-    this.connection = undefined;
+    this.connections?.close();
+    this.connections = undefined;
   }
 
   /** A client with an ioredis keyPrefix prefixes the script's keys, and so the published channel. */
@@ -117,10 +135,10 @@ export class ReleaseSubscriber {
   private async subscribe(channel: string): Promise<boolean> {
     if (this.closed) return false;
     try {
-      await this.bounded(this.open().subscribe(channel));
+      await this.open().subscribe(channel);
       return true;
     } catch {
-      return false; // waiters poll instead; ioredis resubscribes once it reconnects
+      return false; // waiters poll instead; the channel is subscribed again once the connection is back
     }
   }
 
@@ -128,7 +146,7 @@ export class ReleaseSubscriber {
     const channel = this.channels.get(watch.channel);
     if (!channel?.watches.delete(watch) || channel.watches.size > 0) return;
     this.channels.delete(watch.channel);
-    this.connection?.unsubscribe(watch.channel).catch(() => undefined);
+    this.connections?.unsubscribe(watch.channel);
   }
 
   private wakeChannel(channel: string): void {
@@ -136,35 +154,11 @@ export class ReleaseSubscriber {
     if (watches) for (const watch of watches) watch.wake();
   }
 
-  private open(): RedisClient {
-    if (this.connection) return this.connection;
-    const connection = duplicateClient(this.source);
-    // Connection errors are reported by the main client; a lost subscription only slows waiters
-    // down to their lease-bounded timers until ioredis reconnects and resubscribes.
-    connection.on('error', () => undefined);
-    connection.on('message', (channel: string, message: string) => {
-      if (this.echoes.isOwn(message) && !this.echoes.echoed(message)) return;
-      this.wakeChannel(channel);
-    });
-    let connectedBefore = false;
-    connection.on('ready', () => {
-      if (connectedBefore) void this.resubscribed(connection);
-      connectedBefore = true;
-    });
-    this.connection = connection;
-    return connection;
-  }
-
-  /**
-   * The connection came back after a drop. ioredis subscribes again by itself, but releases
-   * announced while it was away were not heard: once subscribed again (so that none after this is
-   * missed either), wake every watch, so that each waiting line asks Redis at once.
-   */
-  private async resubscribed(connection: RedisClient): Promise<void> {
-    const channels = [...this.channels.keys()];
-    if (channels.length > 0) await this.bounded(connection.subscribe(...channels)).catch(() => undefined);
-    if (this.connection !== connection) return;
-    this.echoes.reset();
-    for (const channel of this.channels.keys()) this.wakeChannel(channel);
+  private open(): ReleaseChannels {
+    if (this.connections) return this.connections;
+    this.connections = isClusterClient(this.source)
+      ? new ShardedChannels(this.source, this.bounded, this.events)
+      : new SingleConnectionChannels(duplicateClient(this.source), this.bounded, this.events);
+    return this.connections;
   }
 }

@@ -8,6 +8,9 @@ import { LuaScript } from './lua-script';
  * ARGV[2]  the message to publish when the key is deleted: the releasing store's id and the
  *          release's sequence number, so that it can tell its own announcements from others'
  * ARGV[3]  how many of the channel's subscribers are the releasing store's own (0 or 1)
+ * ARGV[4]  '1' on a Cluster: announce with SPUBLISH, in the key's shard (its master's count then
+ *          covers every process waiting for the key, wherever its client connected first);
+ *          servers without sharded pub/sub (Redis < 7) fall back to PUBLISH
  *
  * Returns 0 when the caller does not hold the lock (nothing changed), 1 when the key was deleted
  * (and the release published), 3 when the key was deleted and someone else was listening for it
@@ -26,7 +29,14 @@ if redis.pcall('hexists', key, ARGV[1]) ~= 1 then
   return 0
 end
 redis.call('del', key)
-if redis.call('publish', key, ARGV[2]) > tonumber(ARGV[3]) then
+local heard
+if ARGV[4] == '1' then
+  heard = redis.pcall('spublish', key, ARGV[2])
+  if type(heard) ~= 'number' then heard = redis.call('publish', key, ARGV[2]) end
+else
+  heard = redis.call('publish', key, ARGV[2])
+end
+if heard > tonumber(ARGV[3]) then
   return 3
 end
 return 1
