@@ -1,0 +1,391 @@
+import { randomBytes } from 'node:crypto';
+import { Logger } from '@nestjs/common';
+import type { Cluster, Redis } from 'ioredis';
+import { describeError } from '../core/describe-error';
+import { RedisAccessError } from '../errors/redis-access.error';
+import { keySlot } from './fence-key';
+import { duplicateClient, isClusterClient, type RedisClient } from './redis-client';
+import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
+import { CHECK_SCRIPT } from './scripts/check.script';
+import { RELEASE_SCRIPT } from './scripts/release.script';
+import { RENEW_SCRIPT } from './scripts/renew.script';
+
+/** Commands the Lua scripts call (Redis 7 checks each against the ACL, as if sent directly). */
+const SCRIPT_COMMANDS = ['exists', 'hexists', 'hset', 'type', 'pttl', 'pexpire', 'get', 'set', 'del', 'time'];
+
+/**
+ * The ACL rule that lets the library do everything it does under `keyPrefix`, and nothing else:
+ * append it to `ACL SETUSER <user> on >password` (on every node of a Cluster), or use it as a
+ * managed service's access string. `keyPrefix` is the module's, after any ioredis `keyPrefix`.
+ *
+ * - `+evalsha +eval`: every lock operation is a Lua script (EVAL after a restart or SCRIPT FLUSH);
+ *   the commands the scripts call need granting too.
+ * - `+publish +subscribe +unsubscribe`: release announcements and the waiters listening for them.
+ * - `+info`: ioredis's ready check on connect (without it ioredis warns on every connection;
+ *   `enableReadyCheck: false` in your RedisOptions also avoids it).
+ * - Cluster: sharded pub/sub (`+spublish +ssubscribe +sunsubscribe`, Redis >= 7), the slot map
+ *   (`+cluster|slots`), the client's ready check (`+cluster|info`), ASK redirections (`+asking`)
+ *   during a resharding, and two commands ioredis sends on its own connections and whose refusal
+ *   it ignores, but which Redis records in ACL LOG each time: READONLY (to replicas) and CLIENT
+ *   SETNAME (its subscriber and slot-refresh connections). Both act on the connection only.
+ * - `replicas` (acknowledged acquisitions): `+wait`.
+ *
+ * AUTH, HELLO and QUIT need no grant (Redis allows them to every user).
+ */
+export function dislockAclRule(keyPrefix: string, options: { cluster?: boolean; replicas?: boolean } = {}): string {
+  const pattern = `${escapeGlob(keyPrefix)}*`;
+  const commands = [
+    'evalsha',
+    'eval',
+    ...SCRIPT_COMMANDS,
+    'publish',
+    'subscribe',
+    'unsubscribe',
+    'info',
+    ...(options.cluster
+      ? [
+          'spublish',
+          'ssubscribe',
+          'sunsubscribe',
+          'cluster|slots',
+          'cluster|info',
+          'asking',
+          'readonly',
+          'client|setname',
+        ]
+      : []),
+    ...(options.replicas ? ['wait'] : []),
+  ];
+  return `resetkeys ~${pattern} resetchannels &${pattern} -@all ${commands.map((c) => `+${c}`).join(' ')}`;
+}
+
+/** A key prefix as a literal in an ACL glob pattern. */
+function escapeGlob(text: string): string {
+  return text.replace(/[*?[\]\\]/g, (c) => `\\${c}`);
+}
+
+/** What Redis refused, as one item of `RedisAccessError.denied`, or `undefined` if it was not a refusal. */
+function refusal(error: unknown, key: string, channel: string): string | undefined {
+  const message = describeError(error);
+  if (
+    /unknown command '?(eval|evalsha)'?/i.test(message) ||
+    /script(s|ing)?\b[^.]*\b(disabled|not (allowed|enabled|supported))/i.test(message)
+  ) {
+    return 'scripting (EVAL/EVALSHA)';
+  }
+  // Redis 6.2/7.0: "NOPERM this user has no permissions to run the 'x' command", "... to access
+  // one of the keys/channels ..."; inside a script (7.0): "The user executing the script can't
+  // run this command or subcommand" / "can't publish to the channel"; Redis >= 7.2: "NOPERM User u
+  // has no permissions to run the 'x' command", "No permissions to access a key", and inside a
+  // script "ACL failure in script: ...".
+  if (!/NOPERM|no permissions|ACL failure|user executing the script can't/i.test(message)) return undefined;
+  const command = /'([^']+)' command/.exec(message);
+  if (command) return `command '${command[1].toLowerCase()}'`;
+  if (/channel/i.test(message)) return `channel "${channel}"`;
+  if (/\bkeys?\b/i.test(message)) return `key "${key}"`;
+  return 'a command a script calls';
+}
+
+/** The reason a check step stopped that is not a refusal: Redis did not answer in time. */
+class CheckTimeout extends Error {}
+
+/**
+ * Checks once that Redis lets the library do everything it needs under `keyPrefix`: runs each
+ * lock script (acquire by EVALSHA, the reentrant check by EVAL, renew, release with its
+ * announcement) on a probe lock `${keyPrefix}#probe:{<random>}` while listening on its release
+ * channel, then deletes what it made. Nothing else is touched: the probe has its own fencing
+ * counter beside it (`…#probe:{<random>}:fence`), in the same Cluster hash slot.
+ *
+ * - Redis refuses something (ACL `NOPERM` for a command, the key prefix or the channels; scripting
+ *   disabled or EVAL/EVALSHA renamed away): rejects with a `RedisAccessError` that names every
+ *   refusal (it asks Redis about each command on its own to find them all, since a refusal inside
+ *   a script may not name the command) and the ACL rule to grant.
+ * - Redis is unreachable, slow, or answers another error (a wrong password, LOADING, OOM, a read-only
+ *   replica): logs a warning through `logger` and resolves. The whole check, cleanup included,
+ *   takes at most `operationTimeout`; a cleanup still pending then is left to run in the background.
+ *
+ * Never resolves or rejects with anything carrying the client's password.
+ */
+export async function checkRedisAccess(
+  client: RedisClient,
+  keyPrefix: string,
+  operationTimeout: number,
+  logger: Pick<Logger, 'warn'> = new Logger('DisLock'),
+): Promise<void> {
+  const check = new AccessCheck(client, keyPrefix, operationTimeout);
+  try {
+    await check.run();
+  } catch (error) {
+    if (error instanceof RedisAccessError) throw error;
+    logger.warn(
+      check.redact(
+        `Skipped the Redis access check: ${describeError(error)}. Lock operations fail with ` +
+          `RedisUnavailableError until Redis answers; a missing ACL permission then shows as their cause.`,
+      ),
+    );
+  } finally {
+    check.close();
+  }
+}
+
+class AccessCheck {
+  private readonly deadline: number;
+  private readonly tag = randomBytes(8).toString('hex');
+  /** Probe keys, without the client's own ioredis `keyPrefix` (which the client adds). */
+  private readonly key: string;
+  private readonly fence: string;
+  /** The release channel as Redis sees it: the probe key with the client's ioredis `keyPrefix`. */
+  private readonly channel: string;
+  private readonly owner = randomBytes(16).toString('hex');
+  private readonly cluster: boolean;
+  private subscriber: RedisClient | undefined;
+  private sharded = false;
+  private delProven = false;
+  /** Commands sent and not answered yet. */
+  private readonly inFlight = new Set<Promise<unknown>>();
+
+  constructor(
+    private readonly client: RedisClient,
+    private readonly keyPrefix: string,
+    private readonly operationTimeout: number,
+  ) {
+    this.deadline = performance.now() + operationTimeout;
+    // A `{` in the prefix opens its own hash tag, which then decides the slot of both keys.
+    this.key = `${keyPrefix}#probe:{${this.tag}}`;
+    this.fence = `${this.key}:fence`;
+    this.cluster = isClusterClient(client);
+    this.channel = this.clientPrefix() + this.key;
+  }
+
+  async run(): Promise<void> {
+    let refused: { item: string; error: unknown };
+    try {
+      await this.steps();
+      await this.cleanup();
+      return;
+    } catch (error) {
+      const item = refusal(error, this.clientPrefix() + this.key, this.channel);
+      if (item === undefined) {
+        await this.cleanup();
+        throw error;
+      }
+      refused = { item, error };
+    }
+    // Ask about each thing on its own: a refusal inside a script may not say what was refused,
+    // and the application had better learn about every missing permission at once.
+    const found = await this.diagnose().catch(() => []);
+    await this.cleanup();
+    const items = [...new Set([...found, refused.item])];
+    const specific = items.filter((item) => item !== 'a command a script calls');
+    throw this.accessError(specific.length > 0 ? specific : items, refused.error);
+  }
+
+  close(): void {
+    this.subscriber?.disconnect();
+    this.subscriber = undefined;
+  }
+
+  /** `text` without the client's password, should Redis or a connection error ever echo it. */
+  redact(text: string): string {
+    const password = this.options().password;
+    return password ? text.split(password).join('***') : text;
+  }
+
+  private async steps(): Promise<void> {
+    // DEL first, on nothing: nothing is made until it is known that it can be deleted again.
+    await this.bounded(this.client.del(this.key, this.fence));
+    this.delProven = true;
+    await this.subscribe();
+
+    const lease = 10_000;
+    const acquired = (await this.bounded(
+      ACQUIRE_SCRIPT.run(this.client, [this.key, this.fence], [this.owner, lease]),
+    )) as [number, number];
+    // The fencing counter of a real lock lives forever; the probe's should not outlive the lease.
+    await this.bounded(this.client.pexpire(this.fence, lease));
+    expectReply('acquire', acquired[0] === 1, acquired);
+
+    // EVAL explicitly (everything else tries EVALSHA first): it is what runs after a SCRIPT FLUSH.
+    const held = (await this.bounded(this.client.eval(CHECK_SCRIPT.source, 1, this.key, this.owner))) as [
+      number,
+      number,
+    ];
+    expectReply('check', held[0] === 1, held);
+
+    const renewed = (await this.bounded(RENEW_SCRIPT.run(this.client, [this.key], [this.owner, lease]))) as number[];
+    expectReply('renew', renewed[0] === 1, renewed);
+
+    const released = await this.bounded(
+      RELEASE_SCRIPT.run(this.client, [this.key], [this.owner, 'access-check', 0, this.cluster ? 1 : 0]),
+    );
+    expectReply('release', released === 1 || released === 3, released);
+    // On a Cluster the release script falls back to PUBLISH when SPUBLISH fails, refused or not:
+    // waiters elsewhere would then only poll. Ask for SPUBLISH itself (unknown before Redis 7).
+    if (this.cluster) {
+      // ioredis takes SPUBLISH's channel for a key, and puts the client's keyPrefix before it itself.
+      await this.bounded((this.client as Cluster).spublish(this.key, 'access-check')).catch((error: unknown) => {
+        if (!/unknown command/i.test(describeError(error))) throw error;
+      });
+    }
+
+    await this.unsubscribe();
+  }
+
+  /** Listens on the probe's channel as the library does: on a Cluster, SSUBSCRIBE on the master of its slot. */
+  private async subscribe(): Promise<void> {
+    this.close();
+    if (this.cluster) {
+      const cluster = this.client as Cluster;
+      const owner = cluster.slots[keySlot(this.channel)]?.[0];
+      const node = cluster.nodes('master').find((n) => `${n.options.host}:${n.options.port}` === owner);
+      if (node) {
+        const connection = this.own(node.duplicate({ retryStrategy: () => null, lazyConnect: false, readOnly: false }));
+        try {
+          await this.bounded(connection.ssubscribe(this.channel));
+          this.sharded = true;
+          return;
+        } catch (error) {
+          // A Cluster of servers older than sharded pub/sub: the library listens with SUBSCRIBE.
+          if (!/unknown command/i.test(describeError(error))) throw error;
+          this.close();
+        }
+      }
+    }
+    this.sharded = false;
+    await this.bounded(this.own(duplicateClient(this.client)).subscribe(this.channel));
+  }
+
+  private async unsubscribe(): Promise<void> {
+    const connection = this.subscriber;
+    if (!connection) return;
+    if (this.sharded) await this.bounded((connection as Redis).sunsubscribe(this.channel));
+    else await this.bounded(connection.unsubscribe(this.channel));
+  }
+
+  private own<T extends RedisClient>(connection: T): T {
+    connection.on('error', () => undefined);
+    this.subscriber = connection;
+    return connection;
+  }
+
+  /**
+   * Each command the library needs, on its own, on the probe keys: every refusal among them. Writes
+   * only once DEL is known to work, and then only to keys it deletes again.
+   */
+  private async diagnose(): Promise<string[]> {
+    const c = this.client;
+    const owner = this.owner;
+    const probes: (() => Promise<unknown>)[] = [
+      () => c.evalsha('0000000000000000000000000000000000000000', 0),
+      () => c.eval('return 1', 0),
+      () => c.exists(this.key),
+      () => c.hexists(this.key, owner),
+      () => c.type(this.key),
+      () => c.pttl(this.key),
+      () => c.pexpire(this.key, 1),
+      () => c.get(this.fence),
+      () => c.set(this.fence, '1', 'XX'), // only if it exists: makes nothing
+      () => c.del(this.key, this.fence),
+      () => c.time(),
+      () => c.publish(this.channel, 'access-check'),
+    ];
+    if (this.cluster) probes.push(() => (c as Cluster).spublish(this.key, 'access-check'));
+    if (this.delProven) {
+      probes.push(async () => {
+        await c.hset(this.key, owner, '1');
+        await c.pexpire(this.key, 10_000);
+      });
+    }
+    const results = await Promise.allSettled(probes.map((probe) => this.bounded(probe())));
+    const found: string[] = [];
+    for (const result of results) {
+      if (result.status !== 'rejected') continue;
+      const item = refusal(result.reason, this.clientPrefix() + this.key, this.channel);
+      if (item !== undefined) found.push(item);
+    }
+    try {
+      await this.subscribe();
+      await this.unsubscribe();
+    } catch (error) {
+      const item = refusal(error, this.clientPrefix() + this.key, this.channel);
+      if (item !== undefined) found.push(item);
+    }
+    // A script on a key it may not touch names no command; the keys it named are the probe's.
+    if (found.some((item) => item.startsWith('key '))) found.push(`key "${this.clientPrefix() + this.fence}"`);
+    return found;
+  }
+
+  /**
+   * Deletes the probe keys once every command of the check has settled (a script that timed out may
+   * still run, and its EVAL fallback go out, after a DEL sent now): awaited within the check's
+   * time, and left to finish in the background after it.
+   */
+  private async cleanup(): Promise<void> {
+    this.close(); // its pending SUBSCRIBE, if any, settles now
+    if (!this.delProven) return;
+    const deleting = Promise.allSettled([...this.inFlight]).then(() => this.client.del(this.key, this.fence));
+    deleting.catch(() => undefined);
+    if (this.remaining() <= 0) return;
+    await this.bounded(deleting).catch(() => undefined);
+  }
+
+  private accessError(denied: readonly string[], cause: unknown): RedisAccessError {
+    const rule = dislockAclRule(this.clientPrefix() + this.keyPrefix, { cluster: this.cluster });
+    const user = this.options().username ?? 'default';
+    const scripting = denied.includes('scripting (EVAL/EVALSHA)');
+    const message = this.redact(
+      `Redis refuses what nestjs-dislock needs under the key prefix "${this.clientPrefix() + this.keyPrefix}": ` +
+        `${denied.join(', ')}. ` +
+        (scripting
+          ? 'Every lock operation is a Lua script: the server must allow EVAL and EVALSHA (not rename or disable them). '
+          : '') +
+        `Grant the library's Redis user this ACL rule` +
+        (this.cluster ? ' on every node' : '') +
+        `: ACL SETUSER ${user} ${rule}`,
+    );
+    return new RedisAccessError(denied, rule, message, { cause });
+  }
+
+  private options(): { password?: string | null; username?: string; keyPrefix?: string } {
+    if (!isClusterClient(this.client)) {
+      const { password, username, keyPrefix } = this.client.options;
+      return { password, username, keyPrefix };
+    }
+    const { redisOptions, keyPrefix } = this.client.options;
+    return { password: redisOptions?.password, username: redisOptions?.username, keyPrefix };
+  }
+
+  /** The client's own ioredis `keyPrefix`, which it puts before every key (and so every channel the scripts publish on). */
+  private clientPrefix(): string {
+    return this.options().keyPrefix ?? '';
+  }
+
+  private remaining(): number {
+    return this.deadline - performance.now();
+  }
+
+  private bounded<T>(operation: Promise<T>): Promise<T> {
+    this.inFlight.add(operation);
+    const settled = (): void => void this.inFlight.delete(operation);
+    operation.then(settled, settled);
+    const remaining = this.remaining();
+    if (remaining <= 0) {
+      operation.catch(() => undefined);
+      return Promise.reject(new CheckTimeout(`Redis did not answer within ${this.operationTimeout} ms`));
+    }
+    let timer: NodeJS.Timeout | undefined;
+    return Promise.race([
+      operation,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(
+          () => reject(new CheckTimeout(`Redis did not answer within ${this.operationTimeout} ms`)),
+          Math.ceil(remaining),
+        );
+      }),
+    ]).finally(() => clearTimeout(timer));
+  }
+}
+
+function expectReply(script: string, ok: boolean, reply: unknown): void {
+  if (!ok) throw new Error(`the ${script} script answered ${JSON.stringify(reply)} for the probe lock`);
+}
