@@ -112,8 +112,19 @@ export class HeldLock implements Scheduled {
     readonly acquiredAt: number,
     /** Leave the key to expire at shutdown instead of deleting it (`ifExpireWhenFinish: false`). */
     readonly keepOnShutdown: boolean,
+    /**
+     * How long after an acquisition or renewal is sent the store says the lock surely holds, when
+     * it knows less than the lease (Redlock: the lease less its clock-drift allowance; see
+     * `AcquireResult`). Infinity: the lease less the usual margin.
+     */
+    private readonly validMs = Infinity,
   ) {
-    this.leaseEndsAt = leaseValidUntil(acquiredAt, this.leaseMs);
+    this.leaseEndsAt = this.validUntil(acquiredAt);
+  }
+
+  /** `performance.now()` until which a lease (re)set by a command sent at `sentAt` surely runs. */
+  validUntil(sentAt: number): number {
+    return Math.min(leaseValidUntil(sentAt, this.leaseMs), sentAt + this.validMs);
   }
 
   /** Made on first use: most locks are released without anyone reading their signal. */

@@ -2,7 +2,7 @@ import type { Logger } from '@nestjs/common';
 import { describeError } from './describe-error';
 import { DueHeap } from './due-heap';
 import type { LockLostReason } from '../errors';
-import { type HeldLock, leaseValidUntil } from './lock-handle';
+import type { HeldLock } from './lock-handle';
 import type { LockStore } from '../store/lock-store.interface';
 
 const now = (): number => performance.now();
@@ -180,7 +180,7 @@ export class Watchdog {
       return;
     }
     lock.lastError = undefined;
-    lock.leaseEndsAt = leaseValidUntil(sentAt, lock.leaseMs);
+    lock.leaseEndsAt = lock.validUntil(sentAt);
     lock.renewals += 1;
     const max = lock.options.maxRenewTimes;
     if (max > 0 && lock.renewals >= max) {

@@ -127,7 +127,8 @@ export class Acquisition implements Attempter {
       throw redisFailed('acquire', name, error);
     }
     if (!result.acquired) return result.ttl;
-    if (now() >= leaseValidUntil(sentAt, lease)) {
+    const validMs = result.validMs ?? Infinity;
+    if (now() >= Math.min(leaseValidUntil(sentAt, lease), sentAt + validMs)) {
       // The answer came after the lease it granted may have ended in Redis: another owner may
       // hold the lock by now. Never hand that out: give the hold back (owner-checked) and count
       // this attempt as a miss.
@@ -135,7 +136,7 @@ export class Acquisition implements Attempter {
       return -2;
     }
     if (this.gate.closing) await this.giveBack(name, key, owner);
-    return this.keep(name, key, owner, result.token, options, sentAt, keepOnShutdown);
+    return this.keep(name, key, owner, result.token, options, sentAt, keepOnShutdown, validMs);
   }
 
   /** Shutdown began while this acquisition was on its way: nobody would release the lock. Throws. */
@@ -154,8 +155,9 @@ export class Acquisition implements Attempter {
     options: ResolvedLockOptions,
     sentAt: number,
     keepOnShutdown: boolean,
+    validMs: number,
   ): Handle {
-    const lock = new HeldLock(name, key, owner, token, options, sentAt, keepOnShutdown);
+    const lock = new HeldLock(name, key, owner, token, options, sentAt, keepOnShutdown, validMs);
     this.held.add(lock);
     return new Handle(lock, false, this.held);
   }
