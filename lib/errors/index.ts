@@ -3,5 +3,8 @@ export * from './lock-not-acquired.error';
 export * from './invalid-options.error';
 export * from './key-resolution.error';
 export * from './redis-unavailable.error';
+export * from './replication-not-confirmed.error';
 export * from './lock-lost.error';
 export * from './decorator-setup.error';
+export * from './redis-access.error';
+export * from './redlock-quorum.error';

@@ -8,16 +8,22 @@ import {
   type DISLOCK_ASYNC_OPTIONS_TYPE,
   type DISLOCK_OPTIONS_TYPE,
 } from './dislock.module-definition';
-import type { ResolvedModuleOptions } from './dislock.options';
+import type { RedisConnection, ResolvedModuleOptions } from './dislock.options';
 import { LockService } from '../service/lock.service';
 import { resolveModuleOptions } from './options.validation';
 import { connectRedis } from '../store/redis-client';
 import type { LockStore } from '../store/lock-store.interface';
 import { RedisLockStore } from '../store/redis-lock.store';
+import { createRedlockStore } from '../store/redlock/redlock.store';
+import { ReplicaAck } from '../store/replica-ack';
 
 function createStore(options: ResolvedModuleOptions): LockStore {
-  const { client, owned } = connectRedis(options.redis, new Logger('DisLock'));
-  return new RedisLockStore(client, owned, options.operationTimeout, options.keyPrefix);
+  const logger = new Logger('DisLock');
+  if (options.redlock) return createRedlockStore(options.redlock, options, logger);
+  // resolveModuleOptions guarantees `redis` whenever `redlock` is absent.
+  const { client, owned } = connectRedis(options.redis as RedisConnection, logger);
+  const replicaAck = options.replicas && new ReplicaAck(options.replicas, logger);
+  return new RedisLockStore(client, owned, options.operationTimeout, options.keyPrefix, replicaAck);
 }
 
 /**

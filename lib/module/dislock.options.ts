@@ -49,15 +49,54 @@ export interface DisLockOptions extends PerLockOptions {
   ifExpireWhenFinish?: boolean;
 }
 
-/** What `DisLockModule.forRoot` accepts as `redis`. */
-export type RedisConnection = Redis | Cluster | RedisOptions | string;
+/**
+ * What `DisLockModule.forRoot` accepts as `redis`: an ioredis client, `RedisOptions`, a `redis://` /
+ * `rediss://` URL, or a URL with the `RedisOptions` it cannot carry (`tls: { ca, cert, key }`,
+ * timeouts), as `{ url: 'rediss://user:pass@host:6380', tls: { ca } }`; what the URL names wins.
+ */
+export type RedisConnection = Redis | Cluster | RedisOptions | string | (RedisOptions & { url: string });
+
+/** One independent Redis master of a Redlock set: a client, options or a URL (not a Cluster). */
+export type RedlockNode = Redis | RedisOptions | string;
+
+/** Locks held by a majority of independent Redis masters (the Redlock algorithm). */
+export interface RedlockOptions {
+  /** The masters, at least 3 (an odd number tolerates the most failures per node). */
+  nodes: readonly RedlockNode[];
+  /**
+   * Clock drift allowed between this process and the nodes, as a fraction of the lease (plus 2 ms):
+   * a lock counts as held for `lease - elapsed - drift`. Default 0.01.
+   */
+  driftFactor?: number;
+}
+
+/**
+ * Replica acknowledgement: an acquisition counts only once `WAIT` reports that `min` replicas have
+ * it, so that a failover right after it cannot hand the lock to a second holder.
+ */
+export interface ReplicaAckOptions {
+  /** Replicas that must have the lock before the acquisition counts (>= 1). */
+  min: number;
+  /** ms to wait for them (>= 1). */
+  timeout: number;
+  /**
+   * Fewer replicas confirmed in time: `'throw'` (default) gives the lock back and rejects with
+   * `ReplicationNotConfirmedError`; `'warn'` keeps the lock and logs a warning.
+   */
+  onShortfall?: 'throw' | 'warn';
+}
 
 export interface DisLockModuleOptions {
   /**
    * An ioredis `Redis` or `Cluster` instance (the application keeps ownership and closes it), or
    * `RedisOptions` / a `redis://` URL (the module creates the client and closes it on shutdown).
+   * Set exactly one of `redis` and `redlock`.
    */
-  redis: RedisConnection;
+  redis?: RedisConnection;
+  /** Redlock over independent masters, instead of `redis`. */
+  redlock?: RedlockOptions;
+  /** Wait for replicas to confirm each acquisition (with `redis` only). Default: off. */
+  replicas?: ReplicaAckOptions;
   /** Prepended to every lock name to form the Redis key. Default `'dislock:'`. */
   keyPrefix?: string;
   /** Default `lockWatchdogTimeout` for every lock of this module. */
@@ -81,7 +120,10 @@ export interface DisLockModuleOptions {
 
 /** Module options after defaults are applied and values validated. */
 export interface ResolvedModuleOptions {
-  readonly redis: RedisConnection;
+  /** Set unless `redlock` is. */
+  readonly redis: RedisConnection | undefined;
+  readonly redlock: Required<RedlockOptions> | undefined;
+  readonly replicas: Required<ReplicaAckOptions> | undefined;
   readonly keyPrefix: string;
   readonly lockWatchdogTimeout: number;
   readonly maxRenewTimes: number;
@@ -108,7 +150,9 @@ export const DEFAULT_MODULE_OPTIONS = {
   maxRenewTimes: 360,
   waitTime: 0,
   operationTimeout: 5_000,
-} as const satisfies Omit<ResolvedModuleOptions, 'redis' | 'onLockLost'>;
+} as const satisfies Omit<ResolvedModuleOptions, 'redis' | 'redlock' | 'replicas' | 'onLockLost'>;
+
+export const DEFAULT_REDLOCK_DRIFT_FACTOR = 0.01;
 
 /** Longest lock name (after template resolution, without the prefix), in characters. */
 export const MAX_LOCK_NAME_LENGTH = 512;

@@ -1,7 +1,10 @@
 import { InvalidLockOptionsError } from '../errors';
 import {
   DEFAULT_MODULE_OPTIONS,
+  DEFAULT_REDLOCK_DRIFT_FACTOR,
   type DisLockModuleOptions,
+  type RedlockOptions,
+  type ReplicaAckOptions,
   type DisLockOptions,
   type LockOptions,
   type ResolvedLockOptions,
@@ -18,6 +21,8 @@ const DECORATOR_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'onLock
 const LOCK_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'onLockLost', 'signal']);
 const MODULE_FIELDS: ReadonlySet<string> = new Set([
   'redis',
+  'redlock',
+  'replicas',
   'keyPrefix',
   'lockWatchdogTimeout',
   'maxRenewTimes',
@@ -25,6 +30,11 @@ const MODULE_FIELDS: ReadonlySet<string> = new Set([
   'operationTimeout',
   'onLockLost',
 ]);
+
+/** A URL-like string with its user and password masked, so that an error never quotes a password. */
+function withoutCredentials(value: unknown): unknown {
+  return typeof value === 'string' ? value.replace(/\/\/[^/@]*@/, '//***@') : value;
+}
 
 function describe(value: unknown): string {
   if (typeof value === 'string') return JSON.stringify(value);
@@ -141,6 +151,46 @@ function isRedisConnection(value: unknown): value is DisLockModuleOptions['redis
   return proto === Object.prototype || proto === null;
 }
 
+function isClusterLike(value: unknown): boolean {
+  return typeof value === 'object' && value !== null && (value as { isCluster?: unknown }).isCluster === true;
+}
+
+function checkRedlock(where: string, raw: unknown): Required<RedlockOptions> {
+  const input = checkObject(`${where} redlock`, raw, new Set(['nodes', 'driftFactor']));
+  const nodes = input.nodes;
+  if (!Array.isArray(nodes) || nodes.length < 3) {
+    fail(where, 'redlock.nodes', nodes, 'an array of at least 3 independent Redis masters (clients, options or URLs)');
+  }
+  nodes.forEach((node: unknown, i) => {
+    if (!isRedisConnection(node) || isClusterLike(node)) {
+      fail(
+        where,
+        `redlock.nodes[${i}]`,
+        node,
+        'an ioredis Redis instance (not a Cluster), a RedisOptions object, or a redis:// URL',
+      );
+    }
+  });
+  const driftFactor = input.driftFactor ?? DEFAULT_REDLOCK_DRIFT_FACTOR;
+  if (typeof driftFactor !== 'number' || !(driftFactor >= 0 && driftFactor < 0.5)) {
+    fail(where, 'redlock.driftFactor', driftFactor, 'a number from 0 to below 0.5');
+  }
+  return { nodes: nodes as RedlockOptions['nodes'], driftFactor };
+}
+
+function checkReplicas(where: string, raw: unknown): Required<ReplicaAckOptions> {
+  const input = checkObject(`${where} replicas`, raw, new Set(['min', 'timeout', 'onShortfall']));
+  if (!isWholeMs(input.min) || input.min < 1 || input.min > 1_000) {
+    fail(where, 'replicas.min', input.min, 'a whole number of replicas from 1 to 1000');
+  }
+  const timeout = positiveMs(where, 'replicas.timeout', input.timeout);
+  const onShortfall = input.onShortfall ?? 'throw';
+  if (onShortfall !== 'throw' && onShortfall !== 'warn') {
+    fail(where, 'replicas.onShortfall', onShortfall, '"throw" or "warn"');
+  }
+  return { min: input.min, timeout, onShortfall };
+}
+
 /**
  * Redis Cluster hashes the text between a key's first "{" and the first "}" after it. A prefix
  * with a "{" must close a non-empty tag itself: otherwise the tag would depend on the lock name,
@@ -158,8 +208,24 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
   const { isGlobal: _isGlobal, ...rest } = checkObject(where, raw, new Set([...MODULE_FIELDS, 'isGlobal']));
   const input = rest as Partial<DisLockModuleOptions>;
   const redis = input.redis;
-  if (!isRedisConnection(redis)) {
-    fail(where, 'redis', redis, 'an ioredis Redis or Cluster instance, a RedisOptions object, or a redis:// URL');
+  const redlock = input.redlock === undefined ? undefined : checkRedlock(where, input.redlock);
+  if (redlock && redis !== undefined) {
+    throw new InvalidLockOptionsError('redlock', `${where}: set either "redis" or "redlock", not both`);
+  }
+  if (!redlock && !isRedisConnection(redis)) {
+    fail(
+      where,
+      'redis',
+      withoutCredentials(redis),
+      'an ioredis Redis or Cluster instance, a RedisOptions object, or a redis:// URL',
+    );
+  }
+  const replicas = input.replicas === undefined ? undefined : checkReplicas(where, input.replicas);
+  if (replicas && redlock) {
+    throw new InvalidLockOptionsError(
+      'replicas',
+      `${where}: "replicas" applies to "redis" (a master with replicas); Redlock's nodes are independent masters`,
+    );
   }
   if (input.keyPrefix !== undefined && typeof input.keyPrefix !== 'string') {
     fail(where, 'keyPrefix', input.keyPrefix, 'a string');
@@ -176,16 +242,25 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
   if (timing.expire !== undefined) {
     throw new InvalidLockOptionsError('expire', `${where}: "expire" is set per lock, not module-wide`);
   }
+  const operationTimeout =
+    input.operationTimeout === undefined
+      ? DEFAULT_MODULE_OPTIONS.operationTimeout
+      : positiveMs(where, 'operationTimeout', input.operationTimeout);
+  if (replicas && replicas.timeout >= operationTimeout) {
+    throw new InvalidLockOptionsError(
+      'replicas',
+      `${where}: "replicas.timeout" (${replicas.timeout} ms) must be shorter than "operationTimeout" (${operationTimeout} ms), which bounds the acquisition it is part of`,
+    );
+  }
   return {
-    redis,
+    redis: redlock ? undefined : redis,
+    redlock,
+    replicas,
     keyPrefix: input.keyPrefix ?? DEFAULT_MODULE_OPTIONS.keyPrefix,
     lockWatchdogTimeout: timing.lockWatchdogTimeout ?? DEFAULT_MODULE_OPTIONS.lockWatchdogTimeout,
     maxRenewTimes: timing.maxRenewTimes ?? DEFAULT_MODULE_OPTIONS.maxRenewTimes,
     waitTime: timing.waitTime ?? DEFAULT_MODULE_OPTIONS.waitTime,
-    operationTimeout:
-      input.operationTimeout === undefined
-        ? DEFAULT_MODULE_OPTIONS.operationTimeout
-        : positiveMs(where, 'operationTimeout', input.operationTimeout),
+    operationTimeout,
     onLockLost: timing.onLockLost,
   };
 }

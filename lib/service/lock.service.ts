@@ -1,4 +1,11 @@
-import { type BeforeApplicationShutdown, Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
+import {
+  type BeforeApplicationShutdown,
+  Inject,
+  Injectable,
+  Logger,
+  type OnApplicationShutdown,
+  type OnModuleInit,
+} from '@nestjs/common';
 import {
   type LockOptions,
   MAX_LOCK_NAME_LENGTH,
@@ -25,7 +32,7 @@ import { WaitLine } from './wait-line';
  * `ShutdownGate`.
  */
 @Injectable()
-export class LockService implements BeforeApplicationShutdown, OnApplicationShutdown {
+export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnApplicationShutdown {
   private readonly scope = new LockScope();
   private readonly gate = new ShutdownGate();
   private readonly line: WaitLine;
@@ -119,6 +126,11 @@ export class LockService implements BeforeApplicationShutdown, OnApplicationShut
   }
 
   // ---- lifecycle ---------------------------------------------------------------------------
+
+  /** Fails startup with `RedisAccessError` when Redis refuses what locking needs (ACL, scripting). */
+  async onModuleInit(): Promise<void> {
+    await this.store.verify();
+  }
 
   /** Releases every held lock (those of `ifExpireWhenFinish: false` are left to expire). */
   async beforeApplicationShutdown(): Promise<void> {

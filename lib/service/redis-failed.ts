@@ -1,4 +1,5 @@
-import { RedisUnavailableError } from '../errors';
+import { RedisUnavailableError, RedlockQuorumError, ReplicationNotConfirmedError } from '../errors';
+import { ReplicaShortfallError } from '../store/replica-ack';
 import { StoreTimeoutError } from '../store/store-timeout.error';
 
 /**
@@ -7,6 +8,11 @@ import { StoreTimeoutError } from '../store/store-timeout.error';
  * the server's address or the connection error, stays in `cause`, for logs.
  */
 export function redisFailed(operation: 'acquire' | 'release', name: string, error: unknown): RedisUnavailableError {
+  // Redlock's own typed error already says this (without connection detail) and names each node.
+  if (error instanceof RedlockQuorumError) return error;
+  if (error instanceof ReplicaShortfallError) {
+    return new ReplicationNotConfirmedError(name, error.confirmed, error.required, error.timeoutMs);
+  }
   const why =
     error instanceof StoreTimeoutError ? `Redis did not answer within ${error.timeoutMs} ms` : 'Redis is unavailable';
   return new RedisUnavailableError(operation, name, `Could not ${operation} lock "${name}": ${why}`, { cause: error });

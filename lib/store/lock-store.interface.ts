@@ -4,8 +4,12 @@ export type { ReleaseWatch };
 
 /** Outcome of one acquire attempt. */
 export type AcquireResult =
-  /** Taken: `token` is the fencing token issued to this acquisition. */
-  | { readonly acquired: true; readonly token: number }
+  /**
+   * Taken: `token` is the fencing token issued to this acquisition. `validMs`, when set, is how long
+   * after the acquire was sent the lock surely still holds, when the store knows a shorter time than
+   * the lease less the usual margin (Redlock: the lease less its clock-drift allowance).
+   */
+  | { readonly acquired: true; readonly token: number; readonly validMs?: number }
   /** Held by another owner: `ttl` is the key's remaining lease in ms (-1 when the key has none). */
   | { readonly acquired: false; readonly ttl: number };
 
@@ -73,6 +77,12 @@ export interface LockStore {
    * connection comes back after a drop: a release announced meanwhile was not heard.
    */
   watch(key: string): Promise<ReleaseWatch>;
+  /**
+   * Check once, at startup, that the backend allows every operation the store needs. Rejects with
+   * `RedisAccessError` naming what is refused (an ACL permission, scripting); a backend that does
+   * not answer is only logged (it may come up later), within `operationTimeout`.
+   */
+  verify(): Promise<void>;
   /** Close what the store opened itself; a client handed in by the application stays open. */
   close(): Promise<void>;
 }

@@ -1,7 +1,8 @@
 import { AsyncResource } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
-import type { Cluster, Redis } from 'ioredis';
+import type { ChainableCommander, Cluster, Redis } from 'ioredis';
 import { describeError } from '../core/describe-error';
+import { checkRedisAccess } from './access-check';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
 import type { LuaScript } from './scripts/lua-script';
 import { CHECK_SCRIPT } from './scripts/check.script';
@@ -17,8 +18,9 @@ import type {
   RenewOutcome,
   RenewRequest,
 } from './lock-store.interface';
-import { closeRedis, isClusterClient, type RedisClient } from './redis-client';
+import { clientKeyPrefix, closeRedis, isClusterClient, type RedisClient, scrubCredentials } from './redis-client';
 import { ReleaseEchoes } from './release-echoes';
+import type { ReplicaAck } from './replica-ack';
 import { ReleaseSubscriber } from './release-subscriber';
 import { StoreTimeoutError } from './store-timeout.error';
 
@@ -30,6 +32,19 @@ const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
 
 /** Most locks renewed by one script call: keeps each call to about a millisecond of Redis time. */
 const MAX_RENEW_BATCH = 500;
+
+const asError = (error: unknown): Error => (error instanceof Error ? error : new Error(describeError(error)));
+
+const isNoScript = (reply: unknown): boolean => reply instanceof Error && reply.message.startsWith('NOSCRIPT');
+
+const isRedirection = (reply: unknown): boolean => reply instanceof Error && /^(MOVED|ASK) /.test(reply.message);
+
+/** One script call: the keys and arguments, and the indexes of the requests they serve. */
+interface ScriptCall {
+  readonly indexes: readonly number[];
+  readonly keys: readonly string[];
+  readonly args: readonly (string | number)[];
+}
 
 /** An operation under way and when it times out. */
 interface Deadline {
@@ -46,6 +61,8 @@ export class RedisLockStore implements LockStore {
   private readonly id = randomBytes(8).toString('hex');
   private readonly releases: ReleaseSubscriber;
   private readonly cluster: boolean;
+  /** The client's own ioredis keyPrefix: part of every key's name as Redis sees it, slot included. */
+  private readonly clientPrefix: string;
   /** The async context the store was made in (outside every caller's): its shared timer runs there. */
   private readonly home = new AsyncResource('DisLockStore');
   /** Operations under way, and the one timer that times them out (see `bounded`). */
@@ -65,11 +82,14 @@ export class RedisLockStore implements LockStore {
     private readonly operationTimeout: number,
     /** The module's key prefix: fencing counters live beside the locks, as `${keyPrefix}#fence:{tag}`. */
     private readonly keyPrefix: string,
+    /** Replica acknowledgement of each acquisition, when the module asks for it. */
+    private readonly replicaAck?: ReplicaAck,
   ) {
     slotTag(0); // build the slot table now rather than on the first acquisition
     this.echoes = new ReleaseEchoes(this.id);
     this.releases = new ReleaseSubscriber(client, (operation) => this.bounded(operation), this.echoes);
     this.cluster = isClusterClient(client);
+    this.clientPrefix = clientKeyPrefix(client);
     this.watchConnections(true);
     if (owned) {
       // A timed-out operation then says why (a wrong password, a bad certificate) instead of only
@@ -80,7 +100,7 @@ export class RedisLockStore implements LockStore {
   }
 
   async acquire(key: string, owner: string, leaseMs: number): Promise<AcquireResult> {
-    const keys = [key, fenceKeyFor(this.keyPrefix, key)];
+    const keys = [key, fenceKeyFor(this.keyPrefix, this.clientPrefix + key)];
     const pending = ACQUIRE_SCRIPT.run(this.client, keys, [owner, leaseMs]);
     let reply: unknown;
     try {
@@ -90,7 +110,19 @@ export class RedisLockStore implements LockStore {
       throw error;
     }
     const [taken, value] = reply as [number, number];
-    return taken === 1 ? { acquired: true, token: value } : { acquired: false, ttl: value };
+    if (taken !== 1) return { acquired: false, ttl: value };
+    if (this.replicaAck) await this.confirmed(key, owner);
+    return { acquired: true, token: value };
+  }
+
+  /** The replicas have the hold just taken; otherwise it is given back and the acquisition fails. */
+  private async confirmed(key: string, owner: string): Promise<void> {
+    try {
+      await this.bounded((this.replicaAck as ReplicaAck).confirm(this.client, key));
+    } catch (error) {
+      await this.release(key, owner).catch(() => undefined);
+      throw error;
+    }
   }
 
   async check(key: string, owner: string): Promise<CheckResult> {
@@ -100,16 +132,14 @@ export class RedisLockStore implements LockStore {
 
   async renew(requests: readonly RenewRequest[]): Promise<RenewOutcome[]> {
     const outcomes: RenewOutcome[] = new Array<RenewOutcome>(requests.length);
+    const settle = (indexes: readonly number[], reply: unknown): void => {
+      if (reply instanceof Error) for (const requestIndex of indexes) outcomes[requestIndex] = { error: reply };
+      else indexes.forEach((requestIndex, i) => (outcomes[requestIndex] = (reply as number[])[i] === 1));
+    };
     await Promise.all(
-      this.batches(requests).map(async (indexes) => {
-        const keys = indexes.map((i) => requests[i].key);
-        const args = indexes.flatMap((i) => [requests[i].owner, requests[i].leaseMs]);
-        try {
-          const replies = (await this.run(RENEW_SCRIPT, keys, args)) as number[];
-          indexes.forEach((requestIndex, i) => (outcomes[requestIndex] = replies[i] === 1));
-        } catch (error) {
-          for (const requestIndex of indexes) outcomes[requestIndex] = { error };
-        }
+      this.renewalRequests(requests).map(async (calls) => {
+        const replies = await this.runOnNode(RENEW_SCRIPT, calls);
+        calls.forEach((call, i) => settle(call.indexes, replies[i]));
       }),
     );
     return outcomes;
@@ -121,7 +151,7 @@ export class RedisLockStore implements LockStore {
     const connection = this.connections;
     let reply: unknown;
     try {
-      reply = await this.run(RELEASE_SCRIPT, [key], [owner, message, watching ? 1 : 0]);
+      reply = await this.run(RELEASE_SCRIPT, [key], [owner, message, watching ? 1 : 0, this.cluster ? 1 : 0]);
     } catch (error) {
       // It may have run (the reply was lost or is late): its announcement, if it comes back, wakes
       // the local waiters then.
@@ -146,6 +176,10 @@ export class RedisLockStore implements LockStore {
     // gives them a head start); otherwise the local line goes at once.
     if (result === 'released') this.releases.wakeLocal(key);
     return result;
+  }
+
+  verify(): Promise<void> {
+    return checkRedisAccess(this.client, this.keyPrefix, this.operationTimeout);
   }
 
   watch(key: string): Promise<ReleaseWatch> {
@@ -197,24 +231,86 @@ export class RedisLockStore implements LockStore {
   }
 
   /**
-   * Request indexes grouped into script calls: by hash slot on a Cluster (a script may only touch
-   * one slot), all together on a single server; at most MAX_RENEW_BATCH each.
+   * Renewal requests grouped into script calls, and the calls into requests per node: one script
+   * call per hash slot on a Cluster (a script may only touch one slot), sent to each master as
+   * one pipeline; all in one call on a single server. At most MAX_RENEW_BATCH locks per call.
    */
-  private batches(requests: readonly RenewRequest[]): number[][] {
-    const groups = new Map<number, number[]>();
+  private renewalRequests(requests: readonly RenewRequest[]): ScriptCall[][] {
+    const slots = new Map<number, number[]>();
     requests.forEach((request, i) => {
-      const slot = this.cluster ? keySlot(request.key) : 0;
-      const group = groups.get(slot);
+      const slot = this.cluster ? keySlot(this.clientPrefix + request.key) : 0;
+      const group = slots.get(slot);
       if (group) group.push(i);
-      else groups.set(slot, [i]);
+      else slots.set(slot, [i]);
     });
-    const batches: number[][] = [];
-    for (const group of groups.values()) {
+    const nodes = new Map<string, ScriptCall[]>();
+    for (const [slot, group] of slots) {
+      const node = this.cluster ? ((this.client as Cluster).slots[slot]?.[0] ?? '') : '';
+      let calls = nodes.get(node);
+      if (!calls) nodes.set(node, (calls = []));
       for (let start = 0; start < group.length; start += MAX_RENEW_BATCH) {
-        batches.push(group.slice(start, start + MAX_RENEW_BATCH));
+        const indexes = group.slice(start, start + MAX_RENEW_BATCH);
+        calls.push({
+          indexes,
+          keys: indexes.map((i) => requests[i].key),
+          args: indexes.flatMap((i) => [requests[i].owner, requests[i].leaseMs]),
+        });
       }
     }
-    return batches;
+    return [...nodes.values()];
+  }
+
+  /**
+   * Run `calls` of one script on one node: a single call as it is, several as one pipeline (one
+   * round trip). One reply per call, an `Error` for a call that failed; never rejects. Calls the
+   * node answers NOSCRIPT (restarted, flushed, or new to the cluster) go again, with the script's
+   * source, as one more pipeline; calls redirected elsewhere go again one by one.
+   */
+  private async runOnNode(script: LuaScript, calls: readonly ScriptCall[]): Promise<unknown[]> {
+    if (calls.length === 1 || !this.cluster) {
+      return Promise.all(calls.map((call) => this.run(script, call.keys, call.args).catch(asError)));
+    }
+    const replies = await this.pipelined(calls, (pipeline, call) =>
+      pipeline.evalsha(script.sha, call.keys.length, ...call.keys, ...call.args),
+    );
+    const unknown = calls.flatMap((_, i) => (isNoScript(replies[i]) ? [i] : []));
+    if (unknown.length > 0) {
+      const again = await this.pipelined(
+        unknown.map((i) => calls[i]),
+        (pipeline, call) => pipeline.eval(script.source, call.keys.length, ...call.keys, ...call.args),
+      );
+      unknown.forEach((callIndex, i) => (replies[callIndex] = again[i]));
+    }
+    // A pipeline over several slots does not follow redirections (ioredis 6): after a failover or
+    // a resharding its calls come back MOVED until the slot map is refreshed. Refresh it, and send
+    // those calls on their own, which the client redirects.
+    const moved = calls.flatMap((_, i) => (isRedirection(replies[i]) ? [i] : []));
+    if (moved.length === 0) return replies;
+    (this.client as Cluster).refreshSlotsCache();
+    await Promise.all(
+      moved.map(async (i) => {
+        replies[i] = await this.run(script, calls[i].keys, calls[i].args).catch(asError);
+      }),
+    );
+    return replies;
+  }
+
+  /** One pipeline on the Cluster: one reply per call, an `Error` for each that failed; never rejects. */
+  private async pipelined(
+    calls: readonly ScriptCall[],
+    add: (pipeline: ChainableCommander, call: ScriptCall) => void,
+  ): Promise<unknown[]> {
+    const pipeline = (this.client as Cluster).pipeline();
+    for (const call of calls) add(pipeline, call);
+    try {
+      const results = await this.bounded(pipeline.exec());
+      return calls.map((_, i) => {
+        const [error, reply] = results?.[i] ?? [new Error('The pipeline was not run'), undefined];
+        return error ?? reply;
+      });
+    } catch (error) {
+      return calls.map(() => asError(error));
+    }
   }
 
   private run(script: LuaScript, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
@@ -245,6 +341,7 @@ export class RedisLockStore implements LockStore {
         },
         (error: unknown) => {
           this.deadlines.delete(entry);
+          scrubCredentials(error); // ioredis keeps a failed AUTH/HELLO's arguments, password included
           reject(error instanceof Error ? error : new Error(describeError(error)));
         },
       );

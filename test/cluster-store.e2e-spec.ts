@@ -1,0 +1,129 @@
+import { type Cluster, Redis } from 'ioredis';
+import { createTestApp, type TestApp } from './support/app';
+import { RedisCluster } from './support/cluster';
+import { eventually, sleep, uniquePrefix } from './support/shared-redis';
+
+/**
+ * What the Redis store does differently on a Cluster (3 masters × 1 replica): renewals grouped
+ * into one request per master, release channels subscribed with SSUBSCRIBE on the master that owns
+ * the lock's slot, and WAIT sent to that master for replica acknowledgement.
+ */
+describe('the Redis store on a Cluster', () => {
+  let cluster: RedisCluster;
+  const apps: TestApp[] = [];
+  const plain = new Map<number, Redis>();
+
+  /** A plain connection to one node, for what that node alone holds or sees. */
+  function nodeClient(port: number): Redis {
+    let client = plain.get(port);
+    if (!client) {
+      client = new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 });
+      client.on('error', () => undefined);
+      plain.set(port, client);
+    }
+    return client;
+  }
+
+  beforeAll(async () => {
+    cluster = await RedisCluster.start();
+  }, 30_000);
+
+  afterEach(async () => {
+    await Promise.all(apps.splice(0).map((app) => app.close()));
+  });
+
+  afterAll(async () => {
+    for (const client of plain.values()) client.disconnect();
+    await cluster?.dispose();
+  });
+
+  async function app(client: Cluster, options: Record<string, unknown> = {}): Promise<TestApp> {
+    const created = await createTestApp([], { redis: client, keyPrefix: uniquePrefix('cs'), ...options });
+    apps.push(created);
+    return created;
+  }
+
+  /** Counts the requests the client sends: pipelines, and script calls sent on their own. */
+  function countRequests(client: Cluster): { pipelines: number; scripts: number } {
+    const counts = { pipelines: 0, scripts: 0 };
+    const pipeline = client.pipeline.bind(client);
+    const evalsha = client.evalsha.bind(client);
+    Object.assign(client, {
+      pipeline: (...args: Parameters<typeof pipeline>) => {
+        counts.pipelines += 1;
+        return pipeline(...args);
+      },
+      evalsha: (...args: Parameters<typeof evalsha>) => {
+        counts.scripts += 1;
+        return evalsha(...args);
+      },
+    });
+    return counts;
+  }
+
+  it('renews 500 watchdog locks over hundreds of slots with at most one request per master per interval', async () => {
+    const client = await cluster.readyClient();
+    const { locks, prefix } = await app(client);
+    const handles = await Promise.all(
+      Array.from({ length: 500 }, (_, i) => locks.lock(`renew-${i}`, { lockWatchdogTimeout: 900 })),
+    );
+    const slots = new Set(await Promise.all(handles.map((_, i) => cluster.slotOf(`${prefix}renew-${i}`))));
+    expect(slots.size).toBeGreaterThan(300);
+    const counts = countRequests(client);
+    await sleep(2_000); // about 6 renewal intervals of 300 ms
+    // 500 locks taken within a few ms of each other fall due together: one pipeline per master
+    // per interval (3 × ~7), never one script call per lock or per slot.
+    expect(counts.scripts).toBe(0);
+    expect(counts.pipelines).toBeGreaterThanOrEqual(3 * 5);
+    expect(counts.pipelines).toBeLessThanOrEqual(3 * 8);
+    for (const handle of handles) expect(handle.signal.aborted).toBe(false);
+    const ttls = await Promise.all(handles.map((_, i) => client.pttl(`${prefix}renew-${i}`)));
+    for (const ttl of ttls) expect(ttl).toBeGreaterThan(500);
+    await Promise.all(handles.map((handle) => handle.release()));
+    const left = await Promise.all(handles.map((_, i) => client.exists(`${prefix}renew-${i}`)));
+    expect(left.filter((exists) => exists === 1)).toHaveLength(0);
+  });
+
+  it('listens for a release with SSUBSCRIBE on the master that owns the slot, and on no other node', async () => {
+    const holder = await app(await cluster.readyClient());
+    const waiter = await app(await cluster.readyClient(), { keyPrefix: holder.prefix });
+    const name = 'sharded';
+    const key = holder.prefix + name;
+    const owner = await cluster.masterOf(key);
+    const held = await holder.locks.lock(name, { lockWatchdogTimeout: 5_000 });
+    const waiting = waiter.locks.tryLock(name, { waitTime: 3_000 });
+    const shardSubscribers = async (port: number): Promise<number> => {
+      const node = nodeClient(port);
+      const [, count] = (await node.call('PUBSUB', 'SHARDNUMSUB', key)) as [string, number];
+      return count;
+    };
+    expect(await eventually(async () => (await shardSubscribers(owner)) === 1)).toBe(true);
+    for (const master of await cluster.masters()) {
+      if (master.port !== owner) expect(await shardSubscribers(master.port)).toBe(0);
+      const [, classic] = (await nodeClient(master.port).call('PUBSUB', 'NUMSUB', key)) as [string, number];
+      expect(classic).toBe(0);
+    }
+    const releasedAt = performance.now();
+    await held.release();
+    const handle = await waiting;
+    expect(handle).not.toBeNull();
+    expect(performance.now() - releasedAt).toBeLessThan(500); // woken by the release, not by the 5 s lease
+    await handle?.release();
+    expect(await eventually(async () => (await shardSubscribers(owner)) === 0)).toBe(true);
+  });
+
+  it('with replicas: { min: 1 } the acquisition waits for the replica of its own master', async () => {
+    const client = await cluster.readyClient();
+    const { locks, prefix } = await app(client, { replicas: { min: 1, timeout: 500 } });
+    for (let i = 0; i < 6; i += 1) {
+      const name = `acked-${i}`;
+      const handle = await locks.lock(name, { expire: 5_000 });
+      const replica = await cluster.replicaOf(await cluster.masterOf(prefix + name));
+      // WAIT returned only once the replica had the write: it holds the key now, no polling needed.
+      const onReplica = nodeClient(replica.port);
+      await onReplica.call('READONLY');
+      expect(await onReplica.exists(prefix + name)).toBe(1);
+      await handle.release();
+    }
+  });
+});
