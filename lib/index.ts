@@ -25,5 +25,5 @@ export {
   type RedisConnection,
 } from './module/dislock.options';
 export type { AcquireResult, LockStore, ReleaseResult } from './store/lock-store.interface';
-export { dislockAclRule } from './store/access-check';
+export { dislockAclRule } from './store/redis/access-check';
 export * from './errors';

@@ -17,9 +17,9 @@ import {
   RedisAccessError,
   RedisUnavailableError,
 } from 'nestjs-dislock';
-import { checkRedisAccess, dislockAclRule } from '../lib/store/access-check';
-import { ACQUIRE_SCRIPT } from '../lib/store/scripts/acquire.script';
-import { CHECK_SCRIPT } from '../lib/store/scripts/check.script';
+import { checkRedisAccess, dislockAclRule } from '../lib/store/redis/access-check';
+import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
+import { CHECK_SCRIPT } from '../lib/store/redis/scripts/check.script';
 import { settle } from './support/async';
 import { RedisCluster } from './support/cluster';
 import { RedisServer } from './support/redis-server';

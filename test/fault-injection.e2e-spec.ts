@@ -36,8 +36,8 @@ import {
   type StalledHolderMessage,
   type StalledHolderReport,
 } from './support/workers/fault-protocol';
-import { FENCE_MARKER, fenceKeyFor, HASH_SLOTS, keySlot, slotTag } from '../lib/store/fence-key';
-import { RENEW_SCRIPT } from '../lib/store/scripts/renew.script';
+import { FENCE_MARKER, fenceKeyFor, HASH_SLOTS, keySlot, slotTag } from '../lib/store/redis/fence-key';
+import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
 
 /** The real `process`, whatever sandbox the test runner gives test files. */
 const realProcess = runInThisContext('process') as NodeJS.Process;

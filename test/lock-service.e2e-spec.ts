@@ -4,9 +4,9 @@ import { DisLockError, type LockHandle, LockLostError, LockNotAcquiredError, typ
 import { createTestApp, type TestApp } from './support/app';
 import { eventually, sharedClient, sleep } from './support/shared-redis';
 import { abortReason, lostReason, gate } from './support/async';
-import { ACQUIRE_SCRIPT } from '../lib/store/scripts/acquire.script';
-import { RELEASE_SCRIPT } from '../lib/store/scripts/release.script';
-import { RENEW_SCRIPT } from '../lib/store/scripts/renew.script';
+import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
+import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
+import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
 
 const OWNER = /^[0-9a-f]{32}$/;
 

@@ -20,8 +20,8 @@ import {
   LockService,
   RedisUnavailableError,
 } from 'nestjs-dislock';
-import { ACQUIRE_SCRIPT } from '../lib/store/scripts/acquire.script';
-import { RELEASE_SCRIPT } from '../lib/store/scripts/release.script';
+import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
+import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { createTestApp, type TestApp } from './support/app';
 import { settle } from './support/async';
 import { type CommandMatcher, FaultProxy, isCommand, isScript } from './support/fault-proxy';

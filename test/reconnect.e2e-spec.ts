@@ -6,7 +6,7 @@
  */
 import { Logger } from '@nestjs/common';
 import type { RedisConnection } from '../lib/module/dislock.options';
-import { closeRedis, connectRedis } from '../lib/store/redis-client';
+import { closeRedis, connectRedis } from '../lib/store/redis/redis-client';
 import { RedisServer } from './support/redis-server';
 import { eventually } from './support/shared-redis';
 

@@ -11,8 +11,8 @@ import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
 import { abortReason, lostReason, gate, settle } from './support/async';
-import { ACQUIRE_SCRIPT } from '../lib/store/scripts/acquire.script';
-import { CHECK_SCRIPT } from '../lib/store/scripts/check.script';
+import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
+import { CHECK_SCRIPT } from '../lib/store/redis/scripts/check.script';
 
 /** A MONITOR line of the acquire script asking for a lease of `leaseMs`. */
 const isAcquire = (args: string[], leaseMs: string): boolean =>

@@ -19,7 +19,7 @@ import {
 import { abortReason, lostReason } from './support/async';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep, uniquePrefix } from './support/shared-redis';
-import { fenceKeyFor } from '../lib/store/fence-key';
+import { fenceKeyFor } from '../lib/store/redis/fence-key';
 
 const PASSWORD = 'redlock-secret-4f9a';
 

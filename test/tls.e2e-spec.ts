@@ -12,7 +12,7 @@ import { Logger } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Redis, type RedisOptions } from 'ioredis';
 import { DisLockModule, type DisLockModuleOptions, LockService, RedisUnavailableError } from 'nestjs-dislock';
-import { checkRedisAccess, dislockAclRule } from '../lib/store/access-check';
+import { checkRedisAccess, dislockAclRule } from '../lib/store/redis/access-check';
 import { settle } from './support/async';
 import { eventually } from './support/shared-redis';
 import { makeTestPki, type TestPki, TlsRedisServer, tlsSupport } from './support/tls-certs';

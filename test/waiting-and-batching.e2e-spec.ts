@@ -13,10 +13,10 @@ import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
 import { abortReason, lostReason, settle } from './support/async';
-import { ACQUIRE_SCRIPT } from '../lib/store/scripts/acquire.script';
-import type { LuaScript } from '../lib/store/scripts/lua-script';
-import { RELEASE_SCRIPT } from '../lib/store/scripts/release.script';
-import { RENEW_SCRIPT } from '../lib/store/scripts/renew.script';
+import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
+import type { LuaScript } from '../lib/store/redis/scripts/lua-script';
+import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
+import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
 
 /**
  * Waiting without polling (pub/sub wake-ups, a FIFO queue of local waiters, AbortSignal) and the

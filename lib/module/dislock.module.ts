@@ -11,11 +11,11 @@ import {
 import type { RedisConnection, ResolvedModuleOptions } from './dislock.options';
 import { LockService } from '../service/lock.service';
 import { resolveModuleOptions } from './options.validation';
-import { connectRedis } from '../store/redis-client';
+import { connectRedis } from '../store/redis/redis-client';
 import type { LockStore } from '../store/lock-store.interface';
-import { RedisLockStore } from '../store/redis-lock.store';
+import { RedisLockStore } from '../store/redis/redis-lock.store';
 import { createRedlockStore } from '../store/redlock/redlock.store';
-import { ReplicaAck } from '../store/replica-ack';
+import { ReplicaAck } from '../store/redis/replica-ack';
 
 function createStore(options: ResolvedModuleOptions): LockStore {
   const logger = new Logger('DisLock');

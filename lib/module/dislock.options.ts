@@ -57,7 +57,7 @@ export interface DisLockOptions extends PerLockOptions {
 export type RedisConnection = Redis | Cluster | RedisOptions | string | (RedisOptions & { url: string });
 
 /** One independent Redis master of a Redlock set: a client, options or a URL (not a Cluster). */
-export type RedlockNode = Redis | RedisOptions | string;
+export type RedlockNode = Redis | RedisOptions | string | (RedisOptions & { url: string });
 
 /** Locks held by a majority of independent Redis masters (the Redlock algorithm). */
 export interface RedlockOptions {

@@ -3,7 +3,7 @@ import type { LockScope } from '../core/lock-scope';
 import { OwnerIds } from '../core/owner-ids';
 import { InvalidLockOptionsError } from '../errors';
 import type { ResolvedLockOptions, ResolvedModuleOptions } from '../module/dislock.options';
-import { FENCE_MARKER } from '../store/fence-key';
+import { FENCE_MARKER } from '../store/redis/fence-key';
 import type { LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';

@@ -1,6 +1,6 @@
 import { RedisUnavailableError, RedlockQuorumError, ReplicationNotConfirmedError } from '../errors';
-import { ReplicaShortfallError } from '../store/replica-ack';
-import { StoreTimeoutError } from '../store/store-timeout.error';
+import { ReplicaShortfallError } from '../store/redis/replica-ack';
+import { StoreTimeoutError } from '../store/redis/store-timeout.error';
 
 /**
  * A store failure as the caller sees it. The message may reach an HTTP client (Nest 11's default

@@ -1,6 +1,20 @@
-import type { ReleaseWatch } from './release-subscriber';
-
-export type { ReleaseWatch };
+/** One waiter's interest in the releases of one lock key. */
+export interface ReleaseWatch {
+  /**
+   * Whether releases of the key are heard. `false` when subscribing failed (Redis unreachable):
+   * the waiter must then poll instead of relying on a wake-up.
+   */
+  readonly listening: boolean;
+  /**
+   * Resolves at the next release heard since the previous call (at once if one came in between),
+   * after `maxWaitMs`, or when `signal` aborts. Never rejects.
+   */
+  wait(maxWaitMs: number, signal: AbortSignal): Promise<void>;
+  /** A release seen locally (this process freed the lock): wake the wait as a message would. */
+  wake(): void;
+  /** Stop listening; the channel is unsubscribed when the last watch of the key closes. */
+  close(): void;
+}
 
 /** Outcome of one acquire attempt. */
 export type AcquireResult =

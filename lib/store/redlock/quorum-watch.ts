@@ -1,5 +1,5 @@
 import { wakeOrTimeout } from '../../core/wake-or-timeout';
-import type { ReleaseWatch } from '../release-subscriber';
+import type { ReleaseWatch } from '../lock-store.interface';
 
 const now = (): number => performance.now();
 

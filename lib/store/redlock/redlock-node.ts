@@ -1,8 +1,8 @@
 import type { Logger } from '@nestjs/common';
 import type { Redis } from 'ioredis';
 import type { RedlockNode as RedlockNodeOption } from '../../module/dislock.options';
-import { connectRedis } from '../redis-client';
-import { RedisLockStore } from '../redis-lock.store';
+import { connectRedis } from '../redis/redis-client';
+import { RedisLockStore } from '../redis/redis-lock.store';
 
 /** `host:port` of a client (or its socket path), for messages and logs: never its credentials. */
 export function nodeLabel(client: Redis): string {

@@ -5,11 +5,11 @@
  * chooses comes from `seed`, so a failing seed replays the same schedule of faults and the same
  * choices in the workers (the interleaving, of course, differs run to run).
  */
-import { ACQUIRE_SCRIPT } from '../../../lib/store/scripts/acquire.script';
-import { CHECK_SCRIPT } from '../../../lib/store/scripts/check.script';
-import type { LuaScript } from '../../../lib/store/scripts/lua-script';
-import { RELEASE_SCRIPT } from '../../../lib/store/scripts/release.script';
-import { RENEW_SCRIPT } from '../../../lib/store/scripts/renew.script';
+import { ACQUIRE_SCRIPT } from '../../../lib/store/redis/scripts/acquire.script';
+import { CHECK_SCRIPT } from '../../../lib/store/redis/scripts/check.script';
+import type { LuaScript } from '../../../lib/store/redis/scripts/lua-script';
+import { RELEASE_SCRIPT } from '../../../lib/store/redis/scripts/release.script';
+import { RENEW_SCRIPT } from '../../../lib/store/redis/scripts/renew.script';
 import { type ConnectionKind, FaultProxy, isScript } from '../fault-proxy';
 import { RedisServer } from '../redis-server';
 import type { HistoryWorkerConfig } from '../workers/history.worker';

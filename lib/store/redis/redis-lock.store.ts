@@ -1,7 +1,7 @@
 import { AsyncResource } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import type { ChainableCommander, Cluster, Redis } from 'ioredis';
-import { describeError } from '../core/describe-error';
+import { describeError } from '../../core/describe-error';
 import { checkRedisAccess } from './access-check';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
 import type { LuaScript } from './scripts/lua-script';
@@ -17,7 +17,7 @@ import type {
   ReleaseWatch,
   RenewOutcome,
   RenewRequest,
-} from './lock-store.interface';
+} from '../lock-store.interface';
 import { clientKeyPrefix, closeRedis, isClusterClient, type RedisClient, scrubCredentials } from './redis-client';
 import { ReleaseEchoes } from './release-echoes';
 import type { ReplicaAck } from './replica-ack';
