@@ -126,4 +126,49 @@ describe('the Redis store on a Cluster', () => {
       await handle.release();
     }
   });
+
+  describe('on servers without sharded pub/sub (SSUBSCRIBE and SPUBLISH renamed away, as before Redis 7)', () => {
+    let old: RedisCluster;
+
+    beforeAll(async () => {
+      const gone = ['SSUBSCRIBE', 'SUNSUBSCRIBE', 'SPUBLISH'].flatMap((command) => ['--rename-command', command, '']);
+      old = await RedisCluster.start({ args: gone });
+    }, 30_000);
+
+    afterAll(async () => {
+      await old?.dispose();
+    });
+
+    it('falls back to PUBLISH and SUBSCRIBE: a waiter in another app is still woken by the release', async () => {
+      const holder = await app(await old.readyClient());
+      const waiter = await app(await old.readyClient(), { keyPrefix: holder.prefix });
+      for (let i = 0; i < 3; i += 1) {
+        const name = `classic-${i}`;
+        const held = await holder.locks.lock(name, { lockWatchdogTimeout: 5_000 });
+        const waiting = waiter.locks.tryLock(name, { waitTime: 3_000 });
+        const key = holder.prefix + name;
+        const subscribers = async (): Promise<number> => {
+          const counts = await Promise.all(
+            (await old.masters()).map(async (master) => {
+              const client = new Redis({ host: '127.0.0.1', port: master.port, maxRetriesPerRequest: 1 });
+              try {
+                const [, count] = (await client.call('PUBSUB', 'NUMSUB', key)) as [string, number];
+                return count;
+              } finally {
+                client.disconnect();
+              }
+            }),
+          );
+          return counts.reduce((a, b) => a + b, 0);
+        };
+        expect(await eventually(async () => (await subscribers()) === 1)).toBe(true);
+        const releasedAt = performance.now();
+        await held.release();
+        const handle = await waiting;
+        expect(handle).not.toBeNull();
+        expect(performance.now() - releasedAt).toBeLessThan(500);
+        await handle?.release();
+      }
+    });
+  });
 });

@@ -24,6 +24,8 @@ export interface ClusterNodeInfo {
 export interface ClusterStartOptions {
   /** `cluster-node-timeout` in ms: how long a silent node takes to be failed over. Default 1000. */
   nodeTimeoutMs?: number;
+  /** More `redis-server` arguments for every node (e.g. `--rename-command SPUBLISH ''`). */
+  args?: readonly string[];
 }
 
 interface Node {
@@ -95,6 +97,7 @@ export class RedisCluster {
   private constructor(
     private readonly root: string,
     private readonly nodeTimeoutMs: number,
+    private readonly extraArgs: readonly string[] = [],
   ) {
     installExitHook();
     roots.add(root);
@@ -105,7 +108,11 @@ export class RedisCluster {
   private replicaPorts: number[] = [];
 
   static async start(options: ClusterStartOptions = {}): Promise<RedisCluster> {
-    const cluster = new RedisCluster(mkdtempSync(join(tmpdir(), 'dislock-cluster-')), options.nodeTimeoutMs ?? 1_000);
+    const cluster = new RedisCluster(
+      mkdtempSync(join(tmpdir(), 'dislock-cluster-')),
+      options.nodeTimeoutMs ?? 1_000,
+      options.args,
+    );
     try {
       await cluster.build();
     } catch (error) {
@@ -347,6 +354,7 @@ export class RedisCluster {
       join(dir, 'redis.log'),
       '--loglevel',
       'notice',
+      ...this.extraArgs,
     ];
     const child = spawn('redis-server', args, { stdio: 'ignore' });
     child.on('error', () => undefined);
