@@ -4,7 +4,8 @@
  * for everything but the owner ids; child processes where only a process of its own can tell
  * (unhandled rejections, a CA trusted through NODE_EXTRA_CA_CERTS, exiting by itself).
  */
-import { execFileSync, spawnSync } from 'node:child_process';
+import { tlsSupport } from './support/tls-certs';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -166,22 +167,6 @@ describe('password-protected Redis', () => {
 });
 
 // ---- TLS ----------------------------------------------------------------------------------------
-
-/** Whether the installed redis-server was built with TLS, and openssl is there to make certificates. */
-function tlsSupport(): { ok: boolean; why: string } {
-  const openssl = spawnSync('openssl', ['version'], { encoding: 'utf8' });
-  if (openssl.error || openssl.status !== 0) return { ok: false, why: 'openssl is not installed' };
-  // A TLS build complains about the missing certificate files; other builds about the directive.
-  const probe = spawnSync('redis-server', ['--port', '0', '--tls-port', '1', '--tls-cert-file', '/nonexistent'], {
-    encoding: 'utf8',
-    timeout: 5_000,
-  });
-  const output = `${probe.stdout}${probe.stderr}`;
-  if (/not supported|Bad directive|unknown/i.test(output) || !/TLS/.test(output)) {
-    return { ok: false, why: `redis-server has no TLS support: ${output.trim().split('\n').pop() ?? ''}` };
-  }
-  return { ok: true, why: '' };
-}
 
 interface Certificates {
   readonly dir: string;

@@ -41,3 +41,30 @@ export async function settle<T>(
     return { ok: false, error, ms: performance.now() - started };
   }
 }
+
+/**
+ * Polls `check` every `everyMs` until it returns a value other than `undefined` or `false`, and
+ * returns it; throws after `timeoutMs`, naming `what` and the last error `check` threw.
+ */
+export async function waitFor<T>(
+  check: () => Promise<T | undefined | false>,
+  timeoutMs: number,
+  what: string,
+  everyMs = 20,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const value = await check();
+      if (value !== undefined && value !== false) return value;
+    } catch (error) {
+      last = error;
+    }
+    if (Date.now() >= deadline) {
+      const detail = last instanceof Error ? ` (last error: ${last.message})` : '';
+      throw new Error(`Timed out after ${timeoutMs} ms waiting for ${what}${detail}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, everyMs));
+  }
+}

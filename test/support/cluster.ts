@@ -1,3 +1,4 @@
+import { waitFor } from './async';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -43,26 +44,6 @@ function canListen(port: number): Promise<boolean> {
     server.once('error', () => resolve(false));
     server.listen(port, HOST, () => server.close(() => resolve(true)));
   });
-}
-
-const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
-
-async function until<T>(check: () => Promise<T | undefined | false>, timeoutMs: number, what: string): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const value = await check();
-      if (value !== undefined && value !== false) return value;
-    } catch (error) {
-      last = error;
-    }
-    if (Date.now() >= deadline) {
-      const detail = last instanceof Error ? ` (last error: ${last.message})` : '';
-      throw new Error(`Timed out after ${timeoutMs} ms waiting for ${what}${detail}`);
-    }
-    await sleep(20);
-  }
 }
 
 /** Every running Cluster's processes and dirs, killed and removed if the test process exits first. */
@@ -138,7 +119,7 @@ export class RedisCluster {
   /** A Cluster client that has loaded the slot map (status `ready`). */
   async readyClient(options: ClusterOptions = {}, seeds: ClusterNode[] = this.seeds): Promise<Cluster> {
     const client = this.client(options, seeds);
-    await until(async () => client.status === 'ready', 10_000, 'the Cluster client to be ready');
+    await waitFor(async () => client.status === 'ready', 10_000, 'the Cluster client to be ready');
     return client;
   }
 
@@ -238,7 +219,7 @@ export class RedisCluster {
 
   /** Wait until `client`'s slot map sends `slot` to the node on `port` (refreshing it meanwhile). */
   async awaitClientRoutes(client: Cluster, slot: number, port: number, timeoutMs = 10_000): Promise<void> {
-    await until(
+    await waitFor(
       async () => {
         if (client.slots[slot]?.[0] === `${HOST}:${port}`) return true;
         client.refreshSlotsCache();
@@ -254,7 +235,7 @@ export class RedisCluster {
     const replica = await this.replicaOf(masterPort);
     const field = (info: string, name: string): number => Number(new RegExp(`${name}:(\\d+)`).exec(info)?.[1] ?? NaN);
     const target = field(String(await this.admin(masterPort).info('replication')), 'master_repl_offset');
-    await until(
+    await waitFor(
       async () => field(String(await this.admin(replica.port).info('replication')), 'slave_repl_offset') >= target,
       timeoutMs,
       `the replica on port ${replica.port} to catch up with its master`,
@@ -307,7 +288,7 @@ export class RedisCluster {
     );
     const ids = await Promise.all(ports.map((port) => this.admin(port).cluster('MYID')));
     await Promise.all(ports.slice(1).map((port) => this.admin(ports[0]).cluster('MEET', HOST, port)));
-    await until(
+    await waitFor(
       async () => {
         const views = await Promise.all(ports.map((port) => this.clusterNodes(port)));
         return views.every((view) => {
@@ -360,7 +341,7 @@ export class RedisCluster {
     child.on('error', () => undefined);
     node.process = child;
     track(child);
-    await until(async () => (await this.admin(port).ping()) === 'PONG', 10_000, `redis-server on port ${port}`);
+    await waitFor(async () => (await this.admin(port).ping()) === 'PONG', 10_000, `redis-server on port ${port}`);
   }
 
   /**
@@ -369,7 +350,7 @@ export class RedisCluster {
    */
   private async awaitHealthy(timeoutMs: number): Promise<void> {
     const live = [...this.nodes.keys()].filter((port) => this.isAlive(port));
-    await until(
+    await waitFor(
       async () => {
         for (const port of live) {
           const info = String(await this.admin(port).cluster('INFO'));
@@ -393,7 +374,7 @@ export class RedisCluster {
   /** Wait until the node on `port` is master of `slots` in every live node's view, and the state is ok. */
   private async awaitMaster(port: number, slots: ClusterNodeInfo['slots'], timeoutMs: number): Promise<void> {
     const live = (): number[] => [...this.nodes.keys()].filter((p) => this.isAlive(p));
-    await until(
+    await waitFor(
       async () => {
         for (const viewer of live()) {
           const info = String(await this.admin(viewer).cluster('INFO'));

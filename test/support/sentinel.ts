@@ -19,6 +19,7 @@
  * `dispose()` kills what is left (also after a failed test); a process-exit hook kills whatever a
  * crashed test file did not dispose.
  */
+import { waitFor } from './async';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -38,29 +39,6 @@ const live = new Set<ChildProcess>();
 process.once('exit', () => {
   for (const child of live) child.kill('SIGKILL');
 });
-
-async function waitFor<T>(
-  check: () => Promise<T | undefined | false>,
-  timeoutMs: number,
-  what: string,
-  everyMs = 20,
-): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const value = await check();
-      if (value !== undefined && value !== false) return value;
-    } catch (error) {
-      last = error;
-    }
-    if (Date.now() >= deadline) {
-      const detail = last instanceof Error ? ` (last error: ${last.message})` : '';
-      throw new Error(`Timed out after ${timeoutMs} ms waiting for ${what}${detail}`);
-    }
-    await new Promise((resolve) => setTimeout(resolve, everyMs));
-  }
-}
 
 /** A client for the harness's own questions: fails fast, never retries for long, never throws events. */
 function plainClient(port: number): Redis {
