@@ -1,0 +1,191 @@
+/**
+ * The uncontended acquire + release cycle in one process, for `--cpu-prof`: `--loops` concurrent
+ * loops (default 64), each on its own key, for `--seconds` (default 5) after a 1 s warm-up, against
+ * a redis-server of its own. Prints cycles/s and CPU µs per cycle of the measuring window.
+ *
+ *   node -r ./test/support/ts-register.js --cpu-prof --cpu-prof-dir=/tmp/prof \
+ *     bench/profile-uncontended.ts --mode service
+ *   (or, built: npm run build && tsc -p bench/tsconfig.build.json && node bench/dist/profile-uncontended.js)
+ *
+ * `--profile <file>` profiles the measuring window only (the V8 CPU profiler that `--cpu-prof` uses,
+ * started and stopped through `node:inspector`), and writes the `.cpuprofile` there; summarize it
+ * with `bench/profile-summary.ts --cycles <the cycles printed>` for µs per cycle.
+ *
+ * `--fake-redis` answers the lock scripts' EVALSHA in the process (in batches, on `setImmediate`,
+ * as replies come in from a socket) instead of sending them: what is left is the CPU of the
+ * library and of ioredis building its commands and promises, without the socket writes and reads
+ * that are most of a real cycle and whose cost moves with the load on the machine.
+ *
+ * `--heap-profile <file>` samples what the measuring window allocates instead (V8's sampling heap
+ * profiler, collected objects included), for `bench/profile-summary.ts --heap`.
+ *
+ * `--count-promises` counts the promises made per cycle instead (an async hook: slow, but exact).
+ *
+ * Modes: `service` (`LockService.tryLock` + `release()`), `lock` (`LockService.lock` + `release()`,
+ * as the benchmark cell does), `decorator` (an `async` `@DisLock` method), `raw` (two EVALSHA
+ * round trips, the benchmark's ceiling).
+ */
+import { createHook } from 'node:async_hooks';
+import { writeFileSync } from 'node:fs';
+import { Session } from 'node:inspector/promises';
+import { parseArgs } from 'node:util';
+import { startDislockApp } from './contenders/nest-app';
+import { cpuMicros, hr, sleepUntil } from './support/clock';
+import type { Redis } from 'ioredis';
+import { OwnRedis, plainClient, ready } from './support/redis';
+
+const SET_NX_PX = "return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
+const COMPARE_AND_DELETE =
+  "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
+const LEASE_MS = 10_000;
+const noop = (): Promise<void> => Promise.resolve();
+
+type Cycle = (key: string) => Promise<void>;
+
+type Command = Parameters<Redis['sendCommand']>[0];
+
+/**
+ * Answer EVALSHA here: `answer(args)` gives the reply, resolved with the other replies of the same
+ * turn of the event loop on the next `setImmediate`. Every other command goes to Redis.
+ */
+function fakeEvalsha(client: Redis, answer: (args: readonly unknown[]) => unknown): void {
+  const send = client.sendCommand.bind(client);
+  let batch: [Command, unknown][] = [];
+  const flush = (): void => {
+    const due = batch;
+    batch = [];
+    for (const [command, reply] of due) command.resolve(reply);
+  };
+  client.sendCommand = (command: Command, stream?: Parameters<Redis['sendCommand']>[1]) => {
+    if (command.name !== 'evalsha') return send(command, stream);
+    if (batch.length === 0) setImmediate(flush);
+    batch.push([command, answer(command.args)]);
+    return command.promise;
+  };
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      mode: { type: 'string', default: 'service' },
+      loops: { type: 'string', default: '64' },
+      seconds: { type: 'string', default: '5' },
+      redis: { type: 'string' },
+      'fake-redis': { type: 'boolean', default: false },
+      profile: { type: 'string' },
+      'heap-profile': { type: 'string' },
+      'count-promises': { type: 'boolean', default: false },
+    },
+  });
+  const loops = Number(values.loops);
+  const measureMs = Number(values.seconds) * 1000;
+  const own = values.redis ? undefined : await OwnRedis.start();
+  const url = values.redis ?? (own as OwnRedis).url;
+  const client = plainClient(url, `profile-${process.pid}`);
+  await ready(client);
+  let cycle: Cycle;
+  let close = async (): Promise<void> => undefined;
+
+  if (values.mode === 'raw') {
+    const setSha = (await client.script('LOAD', SET_NX_PX)) as string;
+    const delSha = (await client.script('LOAD', COMPARE_AND_DELETE)) as string;
+    let counter = 0;
+    if (values['fake-redis']) fakeEvalsha(client, (args) => (args[0] === setSha ? 'OK' : 1));
+    cycle = async (key) => {
+      const token = `${process.pid}:${++counter}`;
+      if ((await client.evalsha(setSha, 1, key, token, LEASE_MS)) !== 'OK') throw new Error(`busy: ${key}`);
+      await noop();
+      await client.evalsha(delSha, 1, key, token);
+    };
+  } else {
+    const { app, locks, target } = await startDislockApp({ redis: client });
+    close = () => app.close();
+    let token = 1_700_000_000_000_000;
+    // The lock scripts: acquire names 2 keys (the lock and its slot's fencing counter), release 1.
+    if (values['fake-redis']) fakeEvalsha(client, (args) => (String(args[1]) === '2' ? [1, (token += 1)] : 1));
+    const options = { expire: LEASE_MS };
+    if (values.mode === 'service') {
+      cycle = async (key) => {
+        const handle = await locks.tryLock(`k:${key}`, options);
+        if (!handle) throw new Error(`busy: ${key}`);
+        await noop();
+        await handle.release();
+      };
+    } else if (values.mode === 'lock') {
+      cycle = async (key) => {
+        const handle = await locks.lock(`k:${key}`, options);
+        await noop();
+        await handle.release();
+      };
+    } else if (values.mode === 'decorator') {
+      cycle = (key) => target.once(key, noop);
+    } else {
+      throw new Error(`--mode: service, lock, decorator or raw, got ${values.mode}`);
+    }
+  }
+
+  const start = hr() + 1_000;
+  const end = start + measureMs;
+  let cycles = 0;
+  let cpuAtStart = 0;
+  let usageAtStart = process.cpuUsage();
+  const session = values.profile || values['heap-profile'] ? new Session() : undefined;
+  if (session) session.connect();
+  if (session && values.profile) {
+    await session.post('Profiler.enable');
+    await session.post('Profiler.setSamplingInterval', { interval: 100 });
+  }
+  let promises = 0;
+  const counting = values['count-promises']
+    ? createHook({ init: (_id, type) => void (type === 'PROMISE' && (promises += 1)) })
+    : undefined;
+  const window = (async () => {
+    await sleepUntil(start);
+    if (session && values.profile) await session.post('Profiler.start');
+    if (session && values['heap-profile']) {
+      await session.post('HeapProfiler.startSampling', {
+        samplingInterval: 256,
+        includeObjectsCollectedByMajorGC: true,
+        includeObjectsCollectedByMinorGC: true,
+      });
+    }
+    cpuAtStart = cpuMicros();
+    usageAtStart = process.cpuUsage();
+    counting?.enable();
+  })();
+  const loop = async (worker: number): Promise<void> => {
+    const key = `u:${worker}`;
+    for (let now = hr(); now < end; now = hr()) {
+      await cycle(key);
+      if (now >= start) cycles += 1;
+    }
+  };
+  await Promise.all(Array.from({ length: loops }, (_, worker) => loop(worker)));
+  const cpuUs = cpuMicros() - cpuAtStart;
+  const usage = process.cpuUsage(usageAtStart);
+  counting?.disable();
+  await window;
+  if (session && values.profile) {
+    const { profile } = await session.post('Profiler.stop');
+    writeFileSync(values.profile, JSON.stringify(profile));
+  }
+  if (session && values['heap-profile']) {
+    const { profile } = await session.post('HeapProfiler.stopSampling');
+    writeFileSync(values['heap-profile'], JSON.stringify(profile));
+  }
+  session?.disconnect();
+  console.log(
+    `${values.mode} node ${process.version} loops ${loops}: ${Math.round(cycles / (measureMs / 1000))} cycles/s, ` +
+      `${(cpuUs / Math.max(1, cycles)).toFixed(1)} µs CPU per cycle (${cycles} cycles; ` +
+      `user ${(usage.user / Math.max(1, cycles)).toFixed(1)}, system ${(usage.system / Math.max(1, cycles)).toFixed(1)})` +
+      (counting ? `, ${(promises / Math.max(1, cycles)).toFixed(2)} promises per cycle` : ''),
+  );
+  await close();
+  await client.quit();
+  await own?.stop();
+}
+
+main().catch((error: unknown) => {
+  console.error(error);
+  process.exit(1);
+});
