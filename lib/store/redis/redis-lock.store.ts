@@ -76,6 +76,8 @@ export class RedisLockStore implements LockStore {
   private readonly id = randomBytes(8).toString('hex');
   private readonly releases: ReleaseSubscriber;
   private readonly cluster: boolean;
+  /** What an acquisition announces a head that has not come with: this store's id (see the acquire script). */
+  private readonly lineNotice = `${this.id}:0`;
   /** A waiter attempts at least this often, renewing its place in the lock's line. */
   readonly lineRefreshMs = Math.floor(PLACE_MS / 3);
   /** The scripts' flag for announcing with SPUBLISH (1, on a Cluster) or PUBLISH (0). */
@@ -122,7 +124,15 @@ export class RedisLockStore implements LockStore {
   async acquire(key: string, owner: string, leaseMs: number, waiter?: string): Promise<AcquireResult> {
     const slotKey = this.clientPrefix + key;
     const keys = [key, fenceKeyFor(this.keyPrefix, slotKey), ...lineKeysFor(this.keyPrefix, slotKey, key)];
-    const pending = ACQUIRE_SCRIPT.run(this.client, keys, [owner, leaseMs, waiter ?? '', PLACE_MS, this.sharded]);
+    const pending = ACQUIRE_SCRIPT.run(this.client, keys, [
+      owner,
+      leaseMs,
+      waiter ?? '',
+      PLACE_MS,
+      this.sharded,
+      this.lineNotice,
+      GRANT_MS,
+    ]);
     let reply: unknown;
     try {
       reply = await this.bounded(pending);

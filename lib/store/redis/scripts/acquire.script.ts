@@ -1,3 +1,4 @@
+import { ANNOUNCE_LUA } from './announce.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -13,6 +14,8 @@ import { LuaScript } from './lua-script';
  * ARGV[3]  waiter id ('' for a caller that does not wait): one per waiting line of a process
  * ARGV[4]  ms a place is kept without being renewed by another attempt
  * ARGV[5]  '1' on a Cluster: announce with SPUBLISH (see release.script.ts)
+ * ARGV[6]  the message to announce with (the store's id), see below
+ * ARGV[7]  ms the head of the line has to take a free lock before its place lapses
  *
  * Returns {1, token} when taken, {0, pttl} when another owner holds it (pttl -1: the key has no
  * expiry; a key of another type counts as held by someone else), and {0, -3} when it is free but
@@ -23,6 +26,12 @@ import { LuaScript } from './lua-script';
  * head is read, and both line keys expire with the last place. A waiter that takes the lock
  * leaves the line; when it was the head, it says so on the lock's channel (`taken::<waiter>`), so
  * that the waiter after it, which was told to look in case the head is gone, need not.
+ *
+ * A free lock whose head has not come (it died, or missed its turn: nothing announced a lease
+ * that ran out, or the head after one that lapsed) is announced again, once, by the first attempt
+ * that finds it so: the head's place is cut to ARGV[7] ms and head and second are named, as a
+ * release does (announce.lua.ts), so that a dead head holds a free lock up for ARGV[7] ms, not
+ * for the rest of its place.
  *
  * Safe to run twice: a client that re-sends the command after a lost reply (ioredis does, by
  * default, when the connection drops) finds its own owner id already in the hash. That can only
@@ -67,6 +76,12 @@ if free and redis.call('exists', line) == 1 then
   local head = redis.call('zrange', line, 0, 0)[1]
   if head and head ~= waiter then
     if waiter ~= '' then take_place() end
+    if tonumber(redis.call('zscore', deadlines, head)) > ms + tonumber(ARGV[7]) then
+      do
+        local message, sharded, grant = ARGV[6], ARGV[5], tonumber(ARGV[7])
+        ${ANNOUNCE_LUA}
+      end
+    end
     return {0, -3}
   end
   if head then
