@@ -51,6 +51,7 @@ export const CONTENDED_THINK_MS = [0, 2] as const;
 export const CONTENDED_LAYOUTS = [
   [1, 16],
   [4, 4],
+  [16, 1],
 ] as const;
 export const RENEWAL_LOCKS = [1_000, 10_000] as const;
 export const HTTP_CONNECTIONS = 10;

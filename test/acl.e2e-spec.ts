@@ -124,7 +124,8 @@ describe('least privilege (ACL)', () => {
   it('the rule for the default prefix, single server and Cluster', () => {
     expect(RULE).toBe(
       'resetkeys ~dislock:* resetchannels &dislock:* -@all +evalsha +eval +exists +hexists +hset +type +pttl ' +
-        '+pexpire +get +set +del +time +publish +subscribe +unsubscribe +info',
+        '+pexpire +get +set +del +time +zadd +zrem +zscore +zrange +zrangebyscore +zremrangebyscore ' +
+        '+publish +subscribe +unsubscribe +info',
     );
     expect(dislockAclRule('dislock:', { cluster: true, replicas: true })).toBe(
       `${RULE} +spublish +ssubscribe +sunsubscribe +cluster|slots +cluster|info +asking +readonly +client|setname +wait`,

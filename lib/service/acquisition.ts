@@ -3,7 +3,7 @@ import type { LockScope } from '../core/lock-scope';
 import { OwnerIds } from '../core/owner-ids';
 import { InvalidLockOptionsError } from '../errors';
 import type { ResolvedLockOptions, ResolvedModuleOptions } from '../module/dislock.options';
-import { FENCE_MARKER } from '../store/redis/fence-key';
+import { FENCE_MARKER, LINE_MARKER } from '../store/redis/fence-key';
 import type { LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
@@ -11,6 +11,9 @@ import type { ShutdownGate } from './shutdown-gate';
 import type { Attempter, WaitLine } from './wait-line';
 
 const now = (): number => performance.now();
+
+/** Name prefixes of the keys the store keeps beside the locks (fencing counters, lines of waiters). */
+const RESERVED_MARKERS = [FENCE_MARKER, LINE_MARKER];
 
 function leaseOf(options: ResolvedLockOptions): number {
   return options.expire > 0 ? options.expire : options.lockWatchdogTimeout;
@@ -58,10 +61,11 @@ export class Acquisition implements Attempter {
     cancel: AbortSignal | undefined,
   ): Promise<Handle | null> {
     this.gate.assertOpen(name);
-    if (name.startsWith(FENCE_MARKER)) {
+    const reserved = RESERVED_MARKERS.find((marker) => name.startsWith(marker));
+    if (reserved !== undefined) {
       throw new InvalidLockOptionsError(
         'name',
-        `Lock names starting with "${FENCE_MARKER}" are reserved for fencing counters, got "${name}"`,
+        `Lock names starting with "${reserved}" are reserved for the library's own keys, got "${name}"`,
       );
     }
     if (cancel?.aborted) return null;
@@ -73,16 +77,27 @@ export class Acquisition implements Attempter {
       const handle = await this.reenter(outer);
       if (handle) return handle;
     }
-    // Nobody here waits for it, or this caller will not wait: one attempt straight away. Otherwise
-    // join the line, so that a newcomer cannot take the lock from under waiters that came first,
-    // nor, just after this process released it, from waiters in other processes.
-    const giveWay = this.line.givingWay(key);
-    if ((!this.line.hasWaiters(key) && giveWay === 0) || options.waitTime === 0) {
-      const first = await this.attempt(name, key, options, keepOnShutdown);
-      if (first instanceof Handle) return first;
-      if (deadline - now() <= 0 || cancel?.aborted) return null;
+    // This caller will not wait: one attempt, without a place in the line (a free lock with
+    // waiters ahead of it is busy for it too).
+    if (options.waitTime === 0) {
+      const only = await this.attempt(name, key, options, keepOnShutdown);
+      return only instanceof Handle ? only : null;
     }
-    return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel, giveWay);
+    // Nobody here waits for it: one attempt straight away, which takes a place in the lock's line
+    // if the lock is busy. Otherwise join the local line, so that a newcomer cannot take the lock
+    // from under waiters that came first.
+    if (!this.line.hasWaiters(key)) {
+      const place = { id: this.line.newPlaceId(), inLine: false };
+      const first = await this.attempt(name, key, options, keepOnShutdown, place.id);
+      if (first instanceof Handle) return first;
+      place.inLine = true;
+      if (deadline - now() <= 0 || cancel?.aborted) {
+        this.line.leave(key, place.id);
+        return null;
+      }
+      return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel, { place });
+    }
+    return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel);
   }
 
   /**
@@ -116,13 +131,14 @@ export class Acquisition implements Attempter {
     key: string,
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
+    waiter?: string,
   ): Promise<Handle | number> {
     const owner = this.ownerIds.next();
     const lease = leaseOf(options);
     const sentAt = now();
     let result;
     try {
-      result = await this.store.acquire(key, owner, lease);
+      result = await this.store.acquire(key, owner, lease, waiter);
     } catch (error) {
       throw redisFailed('acquire', name, error);
     }

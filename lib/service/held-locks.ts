@@ -101,9 +101,8 @@ export class HeldLocks implements HoldKeeper {
       if (wasLost) return false; // already reported; its hold, if Redis still has one, expires on its own
       throw redisFailed('release', lock.name, error);
     }
-    // A plain release has woken the local line already (the store does that for every release it
-    // knows has run); with waiters elsewhere too, the local head holds back first.
-    if (result === 'released-contended') this.line.giveWay(lock.key);
+    // The store has woken the local line's head if it is next (the head of the lock's line, or
+    // nobody waits there); otherwise the announcement has told the process that is next.
     if (result === 'not-owner' && wasHeld) {
       // Expired or taken over before the watchdog noticed: the work it protected was not protected.
       this.markLost(lock, 'not-owner', 'its release found it gone or held by another owner');

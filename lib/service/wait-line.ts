@@ -1,19 +1,13 @@
+import { randomBytes } from 'node:crypto';
 import { Handle } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
 import { wakeOrTimeout } from '../core/wake-or-timeout';
 import type { ResolvedLockOptions } from '../module/dislock.options';
-import type { LockStore, ReleaseWatch } from '../store/lock-store.interface';
+import type { LinePlace, LockStore, ReleaseWatch } from '../store/lock-store.interface';
 import type { ShutdownGate } from './shutdown-gate';
 import { WaitQueue } from './wait-queue';
 
 const now = (): number => performance.now();
-
-/**
- * How long a process that released a lock other processes wait for holds back its own next attempt:
- * long enough for a woken waiter elsewhere to hear the release and reach Redis (a round trip and a
- * turn of its event loop), short enough to cost little when none does.
- */
-const GIVE_WAY_MS = 3;
 
 /**
  * How long the head of a line waits for its key's subscription before its first attempt. A waiter
@@ -30,7 +24,13 @@ function backoff(attempt: number): number {
 /** What the line asks to take the lock, once, when a waiter's turn comes. */
 export interface Attempter {
   /** One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy. */
-  attempt(name: string, key: string, options: ResolvedLockOptions, keepOnShutdown: boolean): Promise<Handle | number>;
+  attempt(
+    name: string,
+    key: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    waiter?: string,
+  ): Promise<Handle | number>;
 }
 
 /**
@@ -43,8 +43,6 @@ export class WaitLine {
   private readonly waits = new Set<AbortController>();
   /** The local waiters of each key someone here is waiting for; an entry lives while it has waiters. */
   private readonly queues = new Map<string, WaitQueue>();
-  /** Keys this process just released to waiters elsewhere, and until when it gives way (see `giveWay`). */
-  private readonly givingWayUntil = new Map<string, number>();
 
   constructor(
     private readonly store: LockStore,
@@ -81,14 +79,24 @@ export class WaitLine {
     keepOnShutdown: boolean,
     deadline: number,
     cancel: AbortSignal | undefined,
-    giveWay: number,
+    /** The place the caller's first attempt took in the store's line, if it took one. */
+    placed?: { readonly place: LinePlace },
   ): Promise<Handle | null> {
     let queue = this.queues.get(key);
     if (!queue) {
+      const place: LinePlace = placed?.place ?? { id: this.newPlaceId(), inLine: false };
       // Outside the caller's lock scope: the subscriber connection this may open outlives the call.
-      queue = new WaitQueue(this.scope.outside(() => this.store.watch(key)));
+      queue = new WaitQueue(
+        place,
+        this.scope.outside(() => this.store.watch(key, place)),
+      );
       this.queues.set(key, queue);
+    } else if (placed) {
+      // Another caller here started waiting meanwhile: this line's place serves both.
+      this.leave(key, placed.place.id);
+      placed = undefined;
     }
+    let holding = false;
     const stop = new AbortController();
     const abort = (): void => stop.abort();
     cancel?.addEventListener('abort', abort, { once: true });
@@ -100,19 +108,24 @@ export class WaitLine {
       this.gate.assertOpen(name);
       if (!myTurn) return null;
       let watch = await this.watchWithin(queue, Math.min(deadline - now(), SUBSCRIBE_GRACE_MS), stop.signal);
-      // The previous head left holding the lock: wait for its release before asking Redis. Or this
-      // process has just released it to waiters elsewhere: give them a moment to take it first.
-      let ttl = queue.heldLocally ? queue.heldLease : giveWay > 0 ? giveWay : -1;
-      let tryNow = !queue.heldLocally && giveWay === 0;
+      // The previous head left holding the lock: wait for its release before asking Redis (the
+      // line has no place in Redis then, so that release wakes it whoever is next there).
+      // A caller whose first attempt took the line's place still tries once more, now that it
+      // listens: a release between that attempt and the subscription was not heard.
+      let ttl = queue.heldLocally ? queue.heldLease : -1;
+      let tryNow = !queue.heldLocally;
       queue.heldLocally = false;
       for (let attempt = 0; ; attempt += 1) {
         this.gate.assertOpen(name); // shutdown may have ended the wait while it was subscribing
         if (stop.signal.aborted) return null;
         if (tryNow) {
-          const result = await taker.attempt(name, key, options, keepOnShutdown);
+          const result = await taker.attempt(name, key, options, keepOnShutdown, queue.place.id);
+          // A fresh attempt that did not take the lock holds (or renewed) a place in the line.
+          queue.place.inLine = !(result instanceof Handle);
           if (result instanceof Handle) {
             queue.heldLocally = true;
             queue.heldLease = result.lock.leaseMs;
+            holding = true;
             return result;
           }
           ttl = result;
@@ -124,7 +137,9 @@ export class WaitLine {
         // (the subscription failed): poll with a short back-off, never past the lease either.
         // PTTL 0 is a lease with under a millisecond left (retry right after it), -1 a key with no
         // expiry at all (only a release can free it), -2 a key already gone (retry at once).
-        const lease = ttl === -1 ? Infinity : Math.max(0, ttl) + 1;
+        // -3: free, but others are ahead in the line (their release announcement names the head).
+        // A place in the line lapses unless renewed by an attempt every lineRefreshMs.
+        const lease = Math.min(ttl === -1 || ttl === -3 ? Infinity : Math.max(0, ttl) + 1, this.store.lineRefreshMs);
         if (!watch) {
           // Still subscribing (a slow or unreachable subscriber connection): poll meanwhile, and
           // once it listens, try again at once, since a release before that was not heard.
@@ -143,6 +158,9 @@ export class WaitLine {
       if (queue.empty && this.queues.get(key) === queue) {
         this.queues.delete(key);
         void queue.watch.then((watch) => watch.close());
+        // The last waiter here gives up: give up the line's place too, so that the next waiter
+        // elsewhere need not wait for it to lapse.
+        if (!holding && queue.place.inLine) this.leave(key, queue.place.id);
       }
     }
   }
@@ -159,29 +177,13 @@ export class WaitLine {
     return watch;
   }
 
-  /**
-   * This process released `key` while other processes were waiting for it. Left alone, its own
-   * next attempt (a local waiter, or the releasing code coming straight back) would reach Redis
-   * before their woken waiters do, every time: the lock would never leave the process. So for
-   * GIVE_WAY_MS local attempts hold back, unless a release is heard first.
-   */
-  giveWay(key: string): void {
-    if (this.givingWayUntil.size >= 1_024) {
-      const at = now();
-      for (const [k, until] of this.givingWayUntil) if (until <= at) this.givingWayUntil.delete(k);
-    }
-    this.givingWayUntil.set(key, now() + GIVE_WAY_MS);
-    const queue = this.queues.get(key);
-    if (queue) this.scope.outside(() => queue.wake(GIVE_WAY_MS)); // its timer belongs to no caller
+  /** A fresh id for a line's place in the store's line of waiters. */
+  newPlaceId(): string {
+    return randomBytes(12).toString('hex');
   }
 
-  /** ms left of giving way on `key` (0: none). */
-  givingWay(key: string): number {
-    const until = this.givingWayUntil.get(key);
-    if (until === undefined) return 0;
-    const left = until - now();
-    if (left > 0) return left;
-    this.givingWayUntil.delete(key);
-    return 0;
+  /** Give up a place in the store's line (at most a lapsed place if it fails: it expires by itself). */
+  leave(key: string, id: string): void {
+    this.scope.outside(() => void this.store.leave(key, id).catch(() => undefined));
   }
 }

@@ -1,4 +1,4 @@
-import type { ReleaseWatch } from '../store/lock-store.interface';
+import type { LinePlace, ReleaseWatch } from '../store/lock-store.interface';
 
 /** One waiter's place in a `WaitQueue`. */
 export interface WaitTicket {
@@ -32,6 +32,8 @@ export class WaitQueue {
   heldLease = 0;
 
   constructor(
+    /** This line's place in the store's line of waiters for the key (shared by its waiters, one at a time). */
+    readonly place: LinePlace,
     /** Subscribed before the first waiter's retry, so that no release in between is missed. */
     readonly watch: Promise<ReleaseWatch>,
   ) {}

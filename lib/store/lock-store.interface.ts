@@ -16,6 +16,15 @@ export interface ReleaseWatch {
   close(): void;
 }
 
+/**
+ * One process's waiting line for one lock, as it stands in the store's line of waiters (the
+ * fairness across processes): its id, and whether its last attempt left it a place there.
+ */
+export interface LinePlace {
+  readonly id: string;
+  inLine: boolean;
+}
+
 /** Outcome of one acquire attempt. */
 export type AcquireResult =
   /**
@@ -24,7 +33,10 @@ export type AcquireResult =
    * the lease less the usual margin (Redlock: the lease less its clock-drift allowance).
    */
   | { readonly acquired: true; readonly token: number; readonly validMs?: number }
-  /** Held by another owner: `ttl` is the key's remaining lease in ms (-1 when the key has none). */
+  /**
+   * Not taken: `ttl` is the holder's remaining lease in ms (-1 when the key has none), or -3 when
+   * the lock is free but other waiters are ahead in its line.
+   */
   | { readonly acquired: false; readonly ttl: number };
 
 /** Whether an owner still holds its lock, and the key's remaining lease in ms (-2: no key). */
@@ -68,7 +80,16 @@ export interface LockStore {
    * outcome cannot be known (no answer in time), the store gives the hold back by itself as soon as
    * it can, so that a lock nobody was told about never outlives the call by more than that.
    */
-  acquire(key: string, owner: string, leaseMs: number): Promise<AcquireResult>;
+  acquire(key: string, owner: string, leaseMs: number, waiter?: string): Promise<AcquireResult>;
+  /**
+   * With a `waiter` id, acquire is fair: a caller that must wait takes a place in the lock's line
+   * (kept by its attempts, at least every `lineRefreshMs`; it lapses by itself otherwise), a free
+   * lock goes to the head of the line, and a newcomer (with or without an id) cannot jump it
+   * (`ttl` -3). A store without a line ignores the id (`lineRefreshMs` Infinity).
+   */
+  readonly lineRefreshMs: number;
+  /** `waiter` gives up its place (timed out, aborted, shut down); the new head, if any, is told. */
+  leave(key: string, waiter: string): Promise<void>;
   /** Whether `owner` still holds `key` (for a reentrant acquisition); changes nothing. */
   check(key: string, owner: string): Promise<CheckResult>;
   /**
@@ -90,7 +111,7 @@ export interface LockStore {
    * that a release in between is not missed. Every watch is also woken when the listening
    * connection comes back after a drop: a release announced meanwhile was not heard.
    */
-  watch(key: string): Promise<ReleaseWatch>;
+  watch(key: string, place?: LinePlace): Promise<ReleaseWatch>;
   /**
    * Check once, at startup, that the backend allows every operation the store needs. Rejects with
    * `RedisAccessError` naming what is refused (an ACL permission, scripting); a backend that does

@@ -11,7 +11,25 @@ import { RELEASE_SCRIPT } from './scripts/release.script';
 import { RENEW_SCRIPT } from './scripts/renew.script';
 
 /** Commands the Lua scripts call (Redis 7 checks each against the ACL, as if sent directly). */
-const SCRIPT_COMMANDS = ['exists', 'hexists', 'hset', 'type', 'pttl', 'pexpire', 'get', 'set', 'del', 'time'];
+const SCRIPT_COMMANDS = [
+  'exists',
+  'hexists',
+  'hset',
+  'type',
+  'pttl',
+  'pexpire',
+  'get',
+  'set',
+  'del',
+  'time',
+  // the line of waiters (a fair hand-over across processes)
+  'zadd',
+  'zrem',
+  'zscore',
+  'zrange',
+  'zrangebyscore',
+  'zremrangebyscore',
+];
 
 /**
  * The ACL rule that lets the library do everything it does under `keyPrefix`, and nothing else:
@@ -138,6 +156,8 @@ class AccessCheck {
   private readonly channel: string;
   private readonly owner = randomBytes(16).toString('hex');
   private readonly cluster: boolean;
+  /** The probe's line of waiters: its order and its deadlines. */
+  private readonly line: [string, string];
   private subscriber: RedisClient | undefined;
   private sharded = false;
   private delProven = false;
@@ -153,6 +173,7 @@ class AccessCheck {
     // A `{` in the prefix opens its own hash tag, which then decides the slot of both keys.
     this.key = `${keyPrefix}#probe:{${this.tag}}`;
     this.fence = `${this.key}:fence`;
+    this.line = [`${this.key}:line`, `${this.key}:line-deadlines`];
     this.cluster = isClusterClient(client);
     this.channel = this.clientPrefix() + this.key;
   }
@@ -193,14 +214,19 @@ class AccessCheck {
 
   private async steps(): Promise<void> {
     // DEL first, on nothing: nothing is made until it is known that it can be deleted again.
-    await this.bounded(this.client.del(this.key, this.fence));
+    await this.bounded(this.client.del(this.key, this.fence, ...this.line));
     this.delProven = true;
     await this.subscribe();
 
     const lease = 10_000;
-    const acquired = (await this.bounded(
-      ACQUIRE_SCRIPT.run(this.client, [this.key, this.fence], [this.owner, lease]),
-    )) as [number, number];
+    const sharded = this.cluster ? 1 : 0;
+    const acquire = (owner: string, waiter: string, placeMs = lease): Promise<[number, number]> =>
+      this.bounded(
+        ACQUIRE_SCRIPT.run(this.client, [this.key, this.fence, ...this.line], [owner, lease, waiter, placeMs, sharded, 'access-check', 250]),
+      ) as Promise<[number, number]>;
+    const release = (owner: string): Promise<unknown> =>
+      this.bounded(RELEASE_SCRIPT.run(this.client, [this.key, ...this.line], [owner, 'access-check', 0, sharded, 250]));
+    const acquired = await acquire(this.owner, '');
     // The fencing counter of a real lock lives forever; the probe's should not outlive the lease.
     await this.bounded(this.client.pexpire(this.fence, lease));
     expectReply('acquire', acquired[0] === 1, acquired);
@@ -215,10 +241,21 @@ class AccessCheck {
     const renewed = (await this.bounded(RENEW_SCRIPT.run(this.client, [this.key], [this.owner, lease]))) as number[];
     expectReply('renew', renewed[0] === 1, renewed);
 
-    const released = await this.bounded(
-      RELEASE_SCRIPT.run(this.client, [this.key], [this.owner, 'access-check', 0, this.cluster ? 1 : 0]),
-    );
-    expectReply('release', released === 1 || released === 3, released);
+    // Two more owners wait (places in the line), the first of them with a place that lapses at
+    // once; the holder releases (dropping the lapsed place, announcing the head), the second takes
+    // it (leaving the line) and releases.
+    const waiter = `${this.owner}w`;
+    const lapsing = await acquire(`${this.owner}3`, `${this.owner}v`, 1);
+    expectReply('acquire (waiting)', lapsing[0] === 0, lapsing);
+    const busy = await acquire(`${this.owner}2`, waiter);
+    expectReply('acquire (waiting)', busy[0] === 0, busy);
+    await new Promise((resolve) => setTimeout(resolve, 5)); // past the first place's 1 ms
+    const released = await release(this.owner);
+    expectReply('release', Array.isArray(released) && (released[0] === 1 || released[0] === 3), released);
+    const next = await acquire(`${this.owner}2`, waiter);
+    expectReply('acquire (head of the line)', next[0] === 1, next);
+    const releasedNext = await release(`${this.owner}2`);
+    expectReply('release', Array.isArray(releasedNext), releasedNext);
     // On a Cluster the release script falls back to PUBLISH when SPUBLISH fails, refused or not:
     // waiters elsewhere would then only poll. Ask for SPUBLISH itself (unknown before Redis 7).
     if (this.cluster) {
@@ -288,12 +325,21 @@ class AccessCheck {
       () => c.del(this.key, this.fence),
       () => c.time(),
       () => c.publish(this.channel, 'access-check'),
+      () => c.zscore(this.line[0], owner),
+      () => c.zrange(this.line[0], '0', '1'),
+      () => c.zrangebyscore(this.line[1], '-inf', '0'),
+      () => c.zremrangebyscore(this.line[1], '-inf', '0'),
+      () => c.zrem(this.line[0], owner),
     ];
     if (this.cluster) probes.push(() => (c as Cluster).spublish(this.key, 'access-check'));
     if (this.delProven) {
       probes.push(async () => {
         await c.hset(this.key, owner, '1');
         await c.pexpire(this.key, 10_000);
+      });
+      probes.push(async () => {
+        await c.zadd(this.line[0], 1, owner);
+        await c.pexpire(this.line[0], 10_000);
       });
     }
     const results = await Promise.allSettled(probes.map((probe) => this.bounded(probe())));
@@ -323,7 +369,9 @@ class AccessCheck {
   private async cleanup(): Promise<void> {
     this.close(); // its pending SUBSCRIBE, if any, settles now
     if (!this.delProven) return;
-    const deleting = Promise.allSettled([...this.inFlight]).then(() => this.client.del(this.key, this.fence));
+    const deleting = Promise.allSettled([...this.inFlight]).then(() =>
+      this.client.del(this.key, this.fence, ...this.line),
+    );
     deleting.catch(() => undefined);
     if (this.remaining() <= 0) return;
     await this.bounded(deleting).catch(() => undefined);

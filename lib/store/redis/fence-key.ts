@@ -71,3 +71,15 @@ export function slotTag(slot: number): string {
 export function fenceKeyFor(keyPrefix: string, lockKey: string): string {
   return `${keyPrefix}${FENCE_MARKER}{${slotTag(keySlot(lockKey))}}`;
 }
+
+/** The marker in the names of a lock's line keys. Lock names may not start with it. */
+export const LINE_MARKER = '#line:';
+
+/**
+ * The two keys of `lockKey`'s line of waiters (its order and its deadlines), in `slotKey`'s slot
+ * (`slotKey` is the lock key as Redis sees it, with the client's own keyPrefix).
+ */
+export function lineKeysFor(keyPrefix: string, slotKey: string, lockKey: string): [string, string] {
+  const tagged = `${keyPrefix}${LINE_MARKER}{${slotTag(keySlot(slotKey))}}`;
+  return [`${tagged}q:${lockKey}`, `${tagged}t:${lockKey}`];
+}

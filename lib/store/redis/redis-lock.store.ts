@@ -6,14 +6,16 @@ import { checkRedisAccess } from './access-check';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
 import type { LuaScript } from './scripts/lua-script';
 import { CHECK_SCRIPT } from './scripts/check.script';
+import { LEAVE_SCRIPT } from './scripts/leave.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
 import { RENEW_SCRIPT } from './scripts/renew.script';
-import { fenceKeyFor, keySlot, slotTag } from './fence-key';
+import { fenceKeyFor, keySlot, lineKeysFor, slotTag } from './fence-key';
 import type {
   AcquireResult,
   CheckResult,
   LockStore,
   ReleaseResult,
+  LinePlace,
   ReleaseWatch,
   RenewOutcome,
   RenewRequest,
@@ -29,6 +31,19 @@ const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
   1: 'released',
   3: 'released-contended',
 };
+
+/**
+ * How long a waiter's place in a lock's line lasts without another attempt from it. A waiter
+ * attempts (and so renews its place) at least every third of this; one that died leaves the line
+ * by itself within it.
+ */
+export const PLACE_MS = 3_000;
+
+/**
+ * How long the head of a line has to take a lock announced free before its place lapses and the
+ * next waiter's turn comes: a round trip and a busy event loop, with room to spare.
+ */
+export const GRANT_MS = 250;
 
 /** Most locks renewed by one script call: keeps each call to about a millisecond of Redis time. */
 const MAX_RENEW_BATCH = 500;
@@ -61,6 +76,12 @@ export class RedisLockStore implements LockStore {
   private readonly id = randomBytes(8).toString('hex');
   private readonly releases: ReleaseSubscriber;
   private readonly cluster: boolean;
+  /** What an acquisition announces a head that has not come with: this store's id (see the acquire script). */
+  private readonly lineNotice = `${this.id}:0`;
+  /** A waiter attempts at least this often, renewing its place in the lock's line. */
+  readonly lineRefreshMs = Math.floor(PLACE_MS / 3);
+  /** The scripts' flag for announcing with SPUBLISH (1, on a Cluster) or PUBLISH (0). */
+  private readonly sharded: number;
   /** The client's own ioredis keyPrefix: part of every key's name as Redis sees it, slot included. */
   private readonly clientPrefix: string;
   /** The async context the store was made in (outside every caller's): its shared timer runs there. */
@@ -87,9 +108,10 @@ export class RedisLockStore implements LockStore {
   ) {
     slotTag(0); // build the slot table now rather than on the first acquisition
     this.echoes = new ReleaseEchoes(this.id);
-    this.releases = new ReleaseSubscriber(client, (operation) => this.bounded(operation), this.echoes);
+    this.releases = new ReleaseSubscriber(client, (operation) => this.bounded(operation), this.echoes, GRANT_MS);
     this.cluster = isClusterClient(client);
     this.clientPrefix = clientKeyPrefix(client);
+    this.sharded = this.cluster ? 1 : 0;
     this.watchConnections(true);
     if (owned) {
       // A timed-out operation then says why (a wrong password, a bad certificate) instead of only
@@ -99,9 +121,18 @@ export class RedisLockStore implements LockStore {
     }
   }
 
-  async acquire(key: string, owner: string, leaseMs: number): Promise<AcquireResult> {
-    const keys = [key, fenceKeyFor(this.keyPrefix, this.clientPrefix + key)];
-    const pending = ACQUIRE_SCRIPT.run(this.client, keys, [owner, leaseMs]);
+  async acquire(key: string, owner: string, leaseMs: number, waiter?: string): Promise<AcquireResult> {
+    const slotKey = this.clientPrefix + key;
+    const keys = [key, fenceKeyFor(this.keyPrefix, slotKey), ...lineKeysFor(this.keyPrefix, slotKey, key)];
+    const pending = ACQUIRE_SCRIPT.run(this.client, keys, [
+      owner,
+      leaseMs,
+      waiter ?? '',
+      PLACE_MS,
+      this.sharded,
+      this.lineNotice,
+      GRANT_MS,
+    ]);
     let reply: unknown;
     try {
       reply = await this.bounded(pending);
@@ -151,39 +182,53 @@ export class RedisLockStore implements LockStore {
     const connection = this.connections;
     let reply: unknown;
     try {
-      reply = await this.run(RELEASE_SCRIPT, [key], [owner, message, watching ? 1 : 0, this.cluster ? 1 : 0]);
+      reply = await this.run(RELEASE_SCRIPT, this.lineScriptKeys(key), [
+        owner,
+        message,
+        watching ? 1 : 0,
+        this.sharded,
+        GRANT_MS,
+      ]);
     } catch (error) {
       // It may have run (the reply was lost or is late): its announcement, if it comes back, wakes
       // the local waiters then.
       if (this.echoes.failed(message)) this.releases.wakeLocal(key);
       throw error;
     }
-    let result = RELEASE_RESULTS[reply as number];
+    const [code, head, second] = Array.isArray(reply) ? (reply as [number, string, string]) : [reply, '', ''];
+    const result = RELEASE_RESULTS[code as number];
     if (result === undefined) throw new Error(`Unexpected reply from the release script: ${String(reply)}`);
     if (result === 'not-owner' && connection !== this.connections) {
       // The connection dropped while this release was on its way, and the client re-sent it: this
       // is the answer of the second copy, which found the hold that the first one had dropped
       // already. (A lock lost in that same window is reported as released: either way it is no
-      // longer this owner's, and the code it protected has finished.)
-      result = 'released';
+      // longer this owner's, and the code it protected has finished.) Who is next is not known:
+      // every local waiter looks.
+      this.echoes.handled(message);
+      this.releases.wakeLocal(key);
+      return 'released';
     }
     if (result === 'not-owner') {
       this.echoes.forget(message);
       return result;
     }
     this.echoes.handled(message);
-    // With waiters in other processes too, the caller decides when its own line goes next (it
-    // gives them a head start); otherwise the local line goes at once.
-    if (result === 'released') this.releases.wakeLocal(key);
+    // The local waiter goes at once if it heads the line (or nobody waits in it); otherwise the
+    // announcement has told the head's process.
+    this.releases.heard(this.releases.channelOf(key), head, second);
     return result;
+  }
+
+  async leave(key: string, waiter: string): Promise<void> {
+    await this.run(LEAVE_SCRIPT, this.lineScriptKeys(key), [waiter, this.echoes.expect(false), this.sharded, GRANT_MS]);
   }
 
   verify(): Promise<void> {
     return checkRedisAccess(this.client, this.keyPrefix, this.operationTimeout);
   }
 
-  watch(key: string): Promise<ReleaseWatch> {
-    return this.releases.watch(key);
+  watch(key: string, place?: LinePlace): Promise<ReleaseWatch> {
+    return this.releases.watch(key, place);
   }
 
   async close(): Promise<void> {
@@ -192,6 +237,11 @@ export class RedisLockStore implements LockStore {
     // Operations still under way keep their deadlines: the sweep stops by itself once they settle.
     if (this.deadlines.size === 0) this.sweep();
     if (this.owned) await closeRedis(this.client, this.operationTimeout);
+  }
+
+  /** The lock key and its line's two keys, for the scripts that announce a release. */
+  private lineScriptKeys(key: string): string[] {
+    return [key, ...lineKeysFor(this.keyPrefix, this.clientPrefix + key, key)];
   }
 
   /**

@@ -1,5 +1,5 @@
 import { wakeOrTimeout } from '../../core/wake-or-timeout';
-import type { ReleaseWatch } from '../lock-store.interface';
+import type { LinePlace, ReleaseWatch } from '../lock-store.interface';
 import { duplicateClient, isClusterClient, type RedisClient } from './redis-client';
 import {
   type ChannelEvents,
@@ -9,13 +9,21 @@ import {
 } from './release-channels';
 import type { ReleaseEchoes } from './release-echoes';
 
+/** How much later than the head's grant the waiter after it looks, in case the head is gone. */
+const SECOND_LOOK_SLACK_MS = 20;
+
 class Watch implements ReleaseWatch {
   listening = false;
   private pending = false;
   private wakeUp: (() => void) | undefined;
+  /** The look the second waiter of the line takes once the head's grant has passed. */
+  private secondLook: NodeJS.Timeout | undefined;
 
   constructor(
     readonly channel: string,
+    /** This process's waiting line for the lock: its id and whether it has a place in Redis's line. */
+    private readonly place: LinePlace | undefined,
+    private readonly grantMs: number,
     private readonly onClose: (watch: Watch) => void,
   ) {}
 
@@ -31,13 +39,44 @@ class Watch implements ReleaseWatch {
   }
 
   wake(): void {
+    this.cancelSecondLook();
     if (this.wakeUp) this.wakeUp();
     else this.pending = true;
   }
 
+  /**
+   * A release announced who heads the lock's line: wake if it is this waiter (or nobody waits in
+   * the line, or this waiter has no place in it, so only an attempt can give it one); the waiter after the head looks once the head's
+   * grant has passed, in case the head is gone; everyone else sleeps on.
+   */
+  heard(head: string, second: string): void {
+    const place = this.place;
+    if (!place?.inLine || head === '' || head === place.id) {
+      this.wake();
+      return;
+    }
+    if (second !== place.id || this.secondLook) return;
+    this.secondLook = setTimeout(() => {
+      this.secondLook = undefined;
+      this.wake();
+    }, this.grantMs + SECOND_LOOK_SLACK_MS);
+    this.secondLook.unref();
+  }
+
+  /** The head took the lock: no need to look in its place. */
+  taken(): void {
+    this.cancelSecondLook();
+  }
+
   close(): void {
+    this.cancelSecondLook();
     this.wakeUp?.();
     this.onClose(this);
+  }
+
+  private cancelSecondLook(): void {
+    clearTimeout(this.secondLook);
+    this.secondLook = undefined;
   }
 }
 
@@ -59,8 +98,15 @@ export class ReleaseSubscriber {
   private closed = false;
   private readonly events: ChannelEvents = {
     message: (channel, message) => {
-      if (this.echoes.isOwn(message) && !this.echoes.echoed(message)) return;
-      this.wakeChannel(channel);
+      // `taken::<waiter>` (the head took the lock) or `<store>:<sequence>:<head>:<second>`.
+      const [store, sequence, head = '', second = ''] = message.split(':');
+      if (store === 'taken') {
+        for (const watch of this.channels.get(channel)?.watches ?? []) watch.taken();
+        return;
+      }
+      const id = `${store}:${sequence}`;
+      if (this.echoes.isOwn(id) && !this.echoes.echoed(id)) return;
+      this.heard(channel, head, second);
     },
     missed: (channels) => {
       // Every waiter re-checks now, so no announcement still on its way matters any more.
@@ -75,12 +121,14 @@ export class ReleaseSubscriber {
     private readonly bounded: (operation: Promise<unknown>) => Promise<unknown>,
     /** Tells which of this store's own announcements still need to wake anyone. */
     private readonly echoes: ReleaseEchoes,
+    /** How long the head of a line has to take a lock announced free (see the release script). */
+    private readonly grantMs: number,
   ) {}
 
   /** Watch the releases of `key`; resolves once subscribed (or once subscribing has failed). */
-  async watch(key: string): Promise<ReleaseWatch> {
+  async watch(key: string, place?: LinePlace): Promise<ReleaseWatch> {
     const channelName = this.channelOf(key);
-    const watch = new Watch(channelName, (closing) => this.unwatch(closing));
+    const watch = new Watch(channelName, place, this.grantMs, (closing) => this.unwatch(closing));
     let channel = this.channels.get(channelName);
     if (!channel) {
       channel = { watches: new Set(), subscribed: this.subscribe(channelName) };
@@ -91,7 +139,12 @@ export class ReleaseSubscriber {
     return watch;
   }
 
-  /** A release of `key` this process knows has run: wake its local watches as a message would. */
+  /** A release announced on `channel`, naming the first two waiters of the lock's line. */
+  heard(channel: string, head: string, second: string): void {
+    for (const watch of this.channels.get(channel)?.watches ?? []) watch.heard(head, second);
+  }
+
+  /** A release of `key` this process knows has run, without knowing who is next: wake every local watch. */
   wakeLocal(key: string): void {
     this.wakeChannel(this.channelOf(key));
   }
@@ -111,7 +164,7 @@ export class ReleaseSubscriber {
   }
 
   /** A client with an ioredis keyPrefix prefixes the script's keys, and so the published channel. */
-  private channelOf(key: string): string {
+  channelOf(key: string): string {
     return ((this.source as { options?: { keyPrefix?: string } }).options?.keyPrefix ?? '') + key;
   }
 

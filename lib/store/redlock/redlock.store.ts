@@ -223,6 +223,13 @@ export class RedlockStore implements LockStore {
     });
   }
 
+  /** Redlock keeps no line of waiters (its nodes could order them differently): waiters race, as they did before lines. */
+  readonly lineRefreshMs = Infinity;
+
+  async leave(): Promise<void> {
+    // No line, no place to give up.
+  }
+
   /** Every node must allow what the library does: a refusal on any one fails startup (see `checkRedisAccess`). */
   async verify(): Promise<void> {
     await Promise.all(this.nodes.map((node) => node.store.verify()));

@@ -1,9 +1,11 @@
+import { ANNOUNCE_LUA } from './announce.lua';
 import { LuaScript } from './lua-script';
 
 /**
  * release: drop the caller's hold on its lock, and announce that the lock is free.
  *
  * KEYS[1]  the lock hash; also the pub/sub channel that waiters for it listen on
+ * KEYS[2]  the lock's line, KEYS[3] its deadlines (see acquire.script.ts)
  * ARGV[1]  owner id
  * ARGV[2]  the message to publish when the key is deleted: the releasing store's id and the
  *          release's sequence number, so that it can tell its own announcements from others'
@@ -11,10 +13,14 @@ import { LuaScript } from './lua-script';
  * ARGV[4]  '1' on a Cluster: announce with SPUBLISH, in the key's shard (its master's count then
  *          covers every process waiting for the key, wherever its client connected first);
  *          servers without sharded pub/sub (Redis < 7) fall back to PUBLISH
+ * ARGV[5]  ms the head of the line has to take the lock before its place lapses
  *
- * Returns 0 when the caller does not hold the lock (nothing changed), 1 when the key was deleted
- * (and the release published), 3 when the key was deleted and someone else was listening for it
- * (other processes are waiting).
+ * The announcement names the head of the line and the one after it (see announce.lua.ts).
+ *
+ * Returns 0 when the caller does not hold the lock (nothing changed); {1, head, second} when the
+ * key was deleted (and the release announced), {3, head, second} when the key was deleted and
+ * someone else was listening for it (other processes are waiting). head and second name the
+ * first two waiters in the line ('' when there are fewer).
  *
  * Idempotent: a re-sent copy finds the owner gone and changes nothing (it answers 0; the store
  * tells that apart from a lock lost before its release, see RedisLockStore.release). The hold
@@ -23,22 +29,17 @@ import { LuaScript } from './lua-script';
 export const RELEASE_SCRIPT = new LuaScript(
   'release',
   `
-local key = KEYS[1]
+local key, line, deadlines = KEYS[1], KEYS[2], KEYS[3]
+local message, sharded, grant = ARGV[2], ARGV[4], tonumber(ARGV[5])
 -- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here, not a failure
 if redis.pcall('hexists', key, ARGV[1]) ~= 1 then
   return 0
 end
 redis.call('del', key)
-local heard
-if ARGV[4] == '1' then
-  heard = redis.pcall('spublish', key, ARGV[2])
-  if type(heard) ~= 'number' then heard = redis.call('publish', key, ARGV[2]) end
-else
-  heard = redis.call('publish', key, ARGV[2])
-end
+${ANNOUNCE_LUA}
 if heard > tonumber(ARGV[3]) then
-  return 3
+  return {3, head, second}
 end
-return 1
+return {1, head, second}
 `,
 );
