@@ -222,7 +222,11 @@ class AccessCheck {
     const sharded = this.cluster ? 1 : 0;
     const acquire = (owner: string, waiter: string, placeMs = lease): Promise<[number, number]> =>
       this.bounded(
-        ACQUIRE_SCRIPT.run(this.client, [this.key, this.fence, ...this.line], [owner, lease, waiter, placeMs, sharded, 'access-check', 250]),
+        ACQUIRE_SCRIPT.run(
+          this.client,
+          [this.key, this.fence, ...this.line],
+          [owner, lease, waiter, placeMs, sharded, 'access-check', 250],
+        ),
       ) as Promise<[number, number]>;
     const release = (owner: string): Promise<unknown> =>
       this.bounded(RELEASE_SCRIPT.run(this.client, [this.key, ...this.line], [owner, 'access-check', 0, sharded, 250]));

@@ -89,6 +89,8 @@ export class RedisLockStore implements LockStore {
   /** Operations under way, and the one timer that times them out (see `bounded`). */
   private readonly deadlines = new Set<Deadline>();
   private sweepTimer: NodeJS.Timeout | undefined;
+  /** Set by close(): operations still under way (a waiter's leave at shutdown) settle, then nothing is left. */
+  private closed = false;
   /** Why a client this store created last failed to connect, until it is ready again. */
   private connectionError: Error | undefined;
   /** How many times the client's connection has closed: a command in flight across one may have run twice. */
@@ -232,6 +234,7 @@ export class RedisLockStore implements LockStore {
   }
 
   async close(): Promise<void> {
+    this.closed = true;
     this.watchConnections(false);
     this.releases.close();
     // Operations still under way keep their deadlines: the sweep stops by itself once they settle.
@@ -386,16 +389,22 @@ export class RedisLockStore implements LockStore {
       }
       operation.then(
         (value) => {
-          this.deadlines.delete(entry);
+          this.settled(entry);
           resolve(value);
         },
         (error: unknown) => {
-          this.deadlines.delete(entry);
+          this.settled(entry);
           scrubCredentials(error); // ioredis keeps a failed AUTH/HELLO's arguments, password included
           reject(error instanceof Error ? error : new Error(describeError(error)));
         },
       );
     });
+  }
+
+  /** An operation settled; once the store is closed, the last one to settle stops the sweep at once. */
+  private settled(entry: Deadline): void {
+    this.deadlines.delete(entry);
+    if (this.closed && this.deadlines.size === 0) this.sweep();
   }
 
   private sweep(): void {
