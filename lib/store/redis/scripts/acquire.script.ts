@@ -1,4 +1,4 @@
-import { ANNOUNCE_LUA } from './announce.lua';
+import { ANNOUNCE_LUA, DROP_LAPSED_LUA } from './announce.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -68,11 +68,7 @@ if not free and redis.pcall('hexists', key, owner) ~= 1 then
 end
 if free and redis.call('exists', line) == 1 then
   local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local lapsed = redis.call('zrangebyscore', deadlines, '-inf', ms)
-  if #lapsed > 0 then
-    redis.call('zrem', line, unpack(lapsed))
-    redis.call('zremrangebyscore', deadlines, '-inf', ms)
-  end
+  ${DROP_LAPSED_LUA}
   local head = redis.call('zrange', line, 0, 0)[1]
   if head and head ~= waiter then
     if waiter ~= '' then take_place() end

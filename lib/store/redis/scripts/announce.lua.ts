@@ -1,4 +1,16 @@
 /**
+ * Drops the places that have lapsed from a lock's line. Expects `line`, `deadlines` (see
+ * acquire.script.ts) and `ms` (the server's time in ms) as locals.
+ */
+export const DROP_LAPSED_LUA = `
+local lapsed = redis.call('zrangebyscore', deadlines, '-inf', ms)
+if #lapsed > 0 then
+  redis.call('zrem', line, unpack(lapsed))
+  redis.call('zremrangebyscore', deadlines, '-inf', ms)
+end
+`;
+
+/**
  * The Lua shared by release and leave: announce that a lock is free, naming the head of its line.
  *
  * Expects `key` (the lock, also the channel), `line`, `deadlines` (see acquire.script.ts),
@@ -14,11 +26,7 @@ local head, second = '', ''
 if redis.call('exists', line) == 1 then
   local now = redis.call('time')
   local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local lapsed = redis.call('zrangebyscore', deadlines, '-inf', ms)
-  if #lapsed > 0 then
-    redis.call('zrem', line, unpack(lapsed))
-    redis.call('zremrangebyscore', deadlines, '-inf', ms)
-  end
+  ${DROP_LAPSED_LUA}
   local first = redis.call('zrange', line, 0, 1)
   head, second = first[1] or '', first[2] or ''
   if head ~= '' then
