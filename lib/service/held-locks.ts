@@ -107,7 +107,7 @@ export class HeldLocks implements HoldKeeper {
       // Expired or taken over before the watchdog noticed: the work it protected was not protected.
       this.markLost(lock, 'not-owner', 'its release found it gone or held by another owner');
     }
-    return (result === 'released' || result === 'released-contended') && !wasLost;
+    return result === 'released' && !wasLost;
   }
 
   stopRenewal(lock: HeldLock): void {

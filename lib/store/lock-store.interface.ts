@@ -59,8 +59,6 @@ export type RenewOutcome = boolean | { readonly error: unknown };
 export type ReleaseResult =
   /** The key is gone: this call freed the lock. */
   | 'released'
-  /** The key is gone, and waiters elsewhere (other processes) were told: they are about to try. */
-  | 'released-contended'
   /** The caller does not own the lock (any more); nothing was changed. */
   | 'not-owner';
 
@@ -101,8 +99,8 @@ export interface LockStore {
   /**
    * Drop `owner`'s hold. Never touches a lock of another owner. Local watchers of `key` (see
    * `watch`) are woken whenever the release is known to have freed the lock, whether its own
-   * reply said so or, when that reply was lost or late, its announcement came back; except on
-   * 'released-contended', where the caller picks the moment (it lets other processes go first).
+   * reply said so or, when that reply was lost or late, its announcement came back; with a line
+   * of waiters, only the watch whose turn it is.
    */
   release(key: string, owner: string): Promise<ReleaseResult>;
   /**

@@ -29,7 +29,6 @@ import { StoreTimeoutError } from './store-timeout.error';
 const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
   0: 'not-owner',
   1: 'released',
-  3: 'released-contended',
 };
 
 /**
@@ -179,18 +178,11 @@ export class RedisLockStore implements LockStore {
   }
 
   async release(key: string, owner: string): Promise<ReleaseResult> {
-    const watching = this.releases.isWatching(key);
-    const message = this.echoes.expect(watching);
+    const message = this.echoes.expect(this.releases.isWatching(key));
     const connection = this.connections;
     let reply: unknown;
     try {
-      reply = await this.run(RELEASE_SCRIPT, this.lineScriptKeys(key), [
-        owner,
-        message,
-        watching ? 1 : 0,
-        this.sharded,
-        GRANT_MS,
-      ]);
+      reply = await this.run(RELEASE_SCRIPT, this.lineScriptKeys(key), [owner, message, this.sharded, GRANT_MS]);
     } catch (error) {
       // It may have run (the reply was lost or is late): its announcement, if it comes back, wakes
       // the local waiters then.

@@ -70,8 +70,7 @@ type AcquireDecision =
  *   (a `RedlockQuorumError`) when failed nodes make a quorum impossible this time: the watchdog
  *   retries, and declares the lock lost (`lease-expired`) if no quorum confirms it within its lease.
  * - **release**: every node (a down node too: its client sends the release when it reconnects).
- *   `released` once a quorum released it (`released-contended` if any of those had waiters of other
- *   processes), `not-owner` once more than N - quorum nodes did not hold it (the lock had been lost),
+ *   `released` once a quorum released it, `not-owner` once more than N - quorum nodes did not hold it (the lock had been lost),
  *   otherwise (failures) a `RedlockQuorumError`.
  * - **check**: held once a quorum holds it (`ttl`: the smallest remaining lease among them), not held
  *   once more than N - quorum do not, otherwise a `RedlockQuorumError`.
@@ -184,7 +183,7 @@ export class RedlockStore implements LockStore {
       ({ answers, failures: failed }): ReleaseResult | 'failed' | undefined => {
         const released = answers.filter((answer) => answer.value !== 'not-owner');
         if (released.length >= this.quorum) {
-          return released.some((answer) => answer.value === 'released-contended') ? 'released-contended' : 'released';
+          return 'released';
         }
         const notOwner = answers.length - released.length;
         if (notOwner > this.nodes.length - this.quorum) return 'not-owner';

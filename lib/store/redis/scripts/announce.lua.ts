@@ -18,8 +18,7 @@ end
  * head has to come and take the lock before its place lapses) as locals. Drops lapsed places,
  * shortens the head's place to `grant`, and publishes `message:head:second` (empty names when
  * nobody waits in the line): the head's process tries at once, the second's once the head's
- * grant has passed (in case the head is gone), nobody else. Sets `heard` to the number of
- * subscribers that received it.
+ * grant has passed (in case the head is gone), nobody else.
  */
 export const ANNOUNCE_LUA = `
 local head, second = '', ''
@@ -37,11 +36,7 @@ if redis.call('exists', line) == 1 then
   end
 end
 local announcement = message .. ':' .. head .. ':' .. second
-local heard
-if sharded == '1' then
-  heard = redis.pcall('spublish', key, announcement)
-  if type(heard) ~= 'number' then heard = redis.call('publish', key, announcement) end
-else
-  heard = redis.call('publish', key, announcement)
+if sharded ~= '1' or type(redis.pcall('spublish', key, announcement)) ~= 'number' then
+  redis.call('publish', key, announcement)
 end
 `;

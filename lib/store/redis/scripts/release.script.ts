@@ -9,18 +9,15 @@ import { LuaScript } from './lua-script';
  * ARGV[1]  owner id
  * ARGV[2]  the message to publish when the key is deleted: the releasing store's id and the
  *          release's sequence number, so that it can tell its own announcements from others'
- * ARGV[3]  how many of the channel's subscribers are the releasing store's own (0 or 1)
- * ARGV[4]  '1' on a Cluster: announce with SPUBLISH, in the key's shard (its master's count then
- *          covers every process waiting for the key, wherever its client connected first);
+ * ARGV[3]  '1' on a Cluster: announce with SPUBLISH, in the key's shard, where its waiters listen;
  *          servers without sharded pub/sub (Redis < 7) fall back to PUBLISH
- * ARGV[5]  ms the head of the line has to take the lock before its place lapses
+ * ARGV[4]  ms the head of the line has to take the lock before its place lapses
  *
  * The announcement names the head of the line and the one after it (see announce.lua.ts).
  *
- * Returns 0 when the caller does not hold the lock (nothing changed); {1, head, second} when the
- * key was deleted (and the release announced), {3, head, second} when the key was deleted and
- * someone else was listening for it (other processes are waiting). head and second name the
- * first two waiters in the line ('' when there are fewer).
+ * Returns 0 when the caller does not hold the lock (nothing changed), {1, head, second} when the
+ * key was deleted and the release announced: head and second name the first two waiters in the
+ * line ('' when there are fewer).
  *
  * Idempotent: a re-sent copy finds the owner gone and changes nothing (it answers 0; the store
  * tells that apart from a lock lost before its release, see RedisLockStore.release). The hold
@@ -30,16 +27,13 @@ export const RELEASE_SCRIPT = new LuaScript(
   'release',
   `
 local key, line, deadlines = KEYS[1], KEYS[2], KEYS[3]
-local message, sharded, grant = ARGV[2], ARGV[4], tonumber(ARGV[5])
+local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
 -- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here, not a failure
 if redis.pcall('hexists', key, ARGV[1]) ~= 1 then
   return 0
 end
 redis.call('del', key)
 ${ANNOUNCE_LUA}
-if heard > tonumber(ARGV[3]) then
-  return {3, head, second}
-end
 return {1, head, second}
 `,
 );
