@@ -35,8 +35,8 @@ export interface Attempter {
 
 /**
  * Waiting for a busy lock, across calls: one local first-come-first-served line per key (see
- * `WaitQueue`), whose head sleeps until a release is heard or the holder's lease ends; and giving
- * way to other processes' waiters right after this process released a lock they wait for.
+ * `WaitQueue`), whose head sleeps until a release is heard or the holder's lease ends, and which
+ * holds one place in the store's line of waiters for the key (fairness across processes).
  */
 export class WaitLine {
   /** Waits in progress, one controller each: shutdown ends them. */

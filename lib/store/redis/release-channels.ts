@@ -24,6 +24,14 @@ export interface ReleaseChannels {
 type Bounded = (operation: Promise<unknown>) => Promise<unknown>;
 
 /**
+ * How a subscriber connection made from one of a Cluster's nodes differs from that node: it
+ * connects now and reconnects by itself (the Cluster's node connections leave both to the
+ * Cluster), talks to a master, and adds no keyPrefix (channels arrive with the client's keyPrefix
+ * already in them, as the release script's key does).
+ */
+const SUBSCRIBER_OPTIONS = { retryStrategy: reconnectDelay, lazyConnect: false, readOnly: false, keyPrefix: '' };
+
+/**
  * Classic pub/sub on one connection (SUBSCRIBE): a single server, a Sentinel-managed master, or a
  * Cluster whose servers predate sharded pub/sub (PUBLISH reaches every node there).
  */
@@ -178,8 +186,7 @@ export class ShardedChannels implements ReleaseChannels {
     const [host, port] = splitNodeKey(nodeKey);
     // The Cluster's own node connections leave reconnecting to the Cluster (no retryStrategy);
     // this one reconnects by itself, until the slot map moves its channels elsewhere.
-    // Channels arrive with the client's keyPrefix already in them (as the release script's key does).
-    const override = { host, port, retryStrategy: reconnectDelay, lazyConnect: false, readOnly: false, keyPrefix: '' };
+    const override = { ...SUBSCRIBER_OPTIONS, host, port };
     const template =
       this.cluster.nodes().find((known) => `${known.options.host}:${known.options.port}` === nodeKey) ??
       this.cluster.nodes()[0];
@@ -245,9 +252,7 @@ export class ShardedChannels implements ReleaseChannels {
     const channels = [...this.placed.keys()];
     this.placed.clear();
     const node = this.cluster.nodes('master')[0];
-    const connection = node
-      ? node.duplicate({ retryStrategy: reconnectDelay, lazyConnect: false, readOnly: false, keyPrefix: '' })
-      : duplicateClient(this.cluster);
+    const connection = node ? node.duplicate(SUBSCRIBER_OPTIONS) : duplicateClient(this.cluster);
     this.classic = new SingleConnectionChannels(connection, this.bounded, this.events);
     for (const channel of channels) void this.classic.subscribe(channel).catch(() => undefined);
   }
