@@ -1,4 +1,5 @@
 import { type Cluster, Redis } from 'ioredis';
+import { lineKeysFor } from '../lib/store/redis/fence-key';
 import { createTestApp, type TestApp } from './support/app';
 import { RedisCluster } from './support/cluster';
 import { eventually, sleep, uniquePrefix } from './support/shared-redis';
@@ -125,6 +126,36 @@ describe('the Redis store on a Cluster', () => {
       expect(await onReplica.exists(prefix + name)).toBe(1);
       await handle.release();
     }
+  });
+
+  it('a Cluster client with its own ioredis keyPrefix: locks, fencing counters and line keys share a slot; waiters are woken', async () => {
+    const clientPrefix = 'app:';
+    const holder = await app(await cluster.readyClient({ keyPrefix: clientPrefix }));
+    const waiter = await app(await cluster.readyClient({ keyPrefix: clientPrefix }), { keyPrefix: holder.prefix });
+    const plainClient = await cluster.readyClient();
+    // Many names over many slots: a fencing counter or line key in another slot than its lock
+    // would fail the acquire script with CROSSSLOT.
+    const handles = await Promise.all(
+      Array.from({ length: 60 }, (_, i) => holder.locks.lock(`prefixed-${i}`, { lockWatchdogTimeout: 600 })),
+    );
+    for (const handle of handles) {
+      expect(await plainClient.exists(clientPrefix + handle.key)).toBe(1);
+    }
+    const name = 'prefixed-0';
+    const waiting = waiter.locks.tryLock(name, { waitTime: 3_000 });
+    // The waiter has taken its place in the line (in the lock's slot, under the client's prefix).
+    const key = holder.prefix + name;
+    const [lineKey] = lineKeysFor(holder.prefix, clientPrefix + key, key);
+    expect(await eventually(async () => (await plainClient.exists(clientPrefix + lineKey)) === 1)).toBe(true);
+    await sleep(700); // past the first lease: alive only if renewed
+    for (const handle of handles) expect(handle.signal.aborted).toBe(false);
+    const releasedAt = performance.now();
+    await handles[0].release();
+    const handle = await waiting;
+    expect(handle).not.toBeNull();
+    expect(performance.now() - releasedAt).toBeLessThan(500); // woken by the release, not by polling
+    await handle?.release();
+    await Promise.all(handles.slice(1).map((h) => h.release()));
   });
 
   describe('on servers without sharded pub/sub (SSUBSCRIBE and SPUBLISH renamed away, as before Redis 7)', () => {
