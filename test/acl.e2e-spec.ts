@@ -123,7 +123,8 @@ describe('least privilege (ACL)', () => {
 
   it('the rule for the default prefix, single server and Cluster', () => {
     expect(RULE).toBe(
-      'resetkeys ~dislock:* resetchannels &dislock:* -@all +evalsha +eval +exists +hexists +hset +type +pttl ' +
+      'resetkeys ~dislock:* resetchannels &dislock:* -@all +evalsha +eval +exists +hexists +hget +hgetall +hset ' +
+        '+hdel +type +pttl ' +
         '+pexpire +get +set +del +time +zadd +zrem +zscore +zrange +zrangebyscore +zremrangebyscore ' +
         '+publish +subscribe +unsubscribe +info',
     );

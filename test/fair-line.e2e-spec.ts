@@ -286,25 +286,30 @@ describe('the line of waiters across processes (fairness)', () => {
     const [a, b, c, fresh, late] = await startWorkers(5);
     const places = await enqueue([a, b, c], { waitTime: 15_000, expire: 2_000, holdMs: 40 });
 
-    // The head cannot come and take it: the lock stays free for its grant of GRANT_MS.
+    // The head cannot come and take it up: the release grants it the lock for GRANT_MS.
     a.stop();
     let resumed = false;
     try {
       const releasedAt = Date.now();
       expect(await holder.release()).toBe(true);
-      expect(await redis.exists(key)).toBe(0);
+      const granted = await redis.hgetall(key);
+      expect(Object.keys(granted)).toHaveLength(1);
+      const [[field, value]] = Object.entries(granted);
+      expect(field.startsWith(`${places[0]}:`)).toBe(true);
+      expect(value).toBe('0'); // granted, not taken up yet
+      expect(await redis.pttl(key)).toBeLessThanOrEqual(GRANT_MS);
       expect(await locks.tryLock(NAME, { expire: 1_000 })).toBeNull();
       fresh.send({ type: 'try', id: 'fresh' });
       expect((await fresh.next('tried', 'fresh')).got).toBe(false);
       expect(await locks.tryLock(NAME, { expire: 1_000 })).toBeNull();
       // A fresh process that waits: its first attempt takes the last place, not the lock.
       late.send({ type: 'lock', id: 'late', waitTime: 15_000, expire: 2_000, holdMs: 10 });
-      await until(async () => (await redis.zcard(lineKey)) === 4, 'the late waiter in the line', 200);
+      await until(async () => (await redis.zcard(lineKey)) === 3, 'the late waiter in the line', 200);
       const checkedAt = Date.now();
-      // All of that inside the head's grant, on a free lock, the waitTime 0 callers without a place.
+      // All of that inside the head's grant, the waitTime 0 callers without a place.
       expect(checkedAt - releasedAt).toBeLessThan(GRANT_MS - 20);
-      expect(await redis.exists(key)).toBe(0);
-      expect((await line()).slice(0, 3)).toEqual(places);
+      expect(await redis.hgetall(key)).toEqual(granted);
+      expect((await line()).slice(0, 2)).toEqual(places.slice(1));
       expect(late.has('granted', 'late')).toBe(false);
       a.resume();
       resumed = true;
@@ -516,18 +521,20 @@ describe('the line of waiters across processes (fairness)', () => {
       unpaused = true;
       const unpausedAt = Date.now();
       expect(await releasing).toBe(true);
-      // A's attempt ran first (busy), the release named A as the head, then A left.
+      // A's attempt ran first (busy), the release granted the lock to A (B second), then A left.
       expect((await a.next('gave-up', 'a')).how).toBe('not-acquired');
       const gotB = await b.next('granted', 'w0');
       console.info(
         `timeout at grant (exact): the next waiter got the lock ${gotB.at - unpausedAt} ms after the release`,
       );
       expect(gotB.at - unpausedAt).toBeLessThan(GRANT_MS);
-      // The release named A (B second); A's leave then named B.
-      expect(announced.map((m) => m.split(':').slice(2).join(':'))).toEqual([
-        `${placeA}:${places[1]}`,
-        `${places[1]}:`,
-      ]);
+      // The release granted it to A (B second); A's leave dropped that grant and granted it to B,
+      // under a larger token, which B holds it with.
+      const heard = announced.map((m) => m.split(':').slice(2));
+      expect(heard.map(([head, second]) => `${head}:${second}`)).toEqual([`${placeA}:${places[1]}`, `${places[1]}:`]);
+      const [toA, toB] = heard.map(([, , token]) => Number(token));
+      expect(toB).toBeGreaterThan(toA);
+      expect(gotB.token).toBe(toB);
     } finally {
       if (!unpaused) await redis.call('CLIENT', 'UNPAUSE');
     }

@@ -17,6 +17,8 @@ import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
 import type { LuaScript } from '../lib/store/redis/scripts/lua-script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
+import { LINGER_MS } from '../lib/store/redis/release-subscriber';
+import { lineKeysFor } from '../lib/store/redis/fence-key';
 
 /**
  * Waiting without polling (pub/sub wake-ups, a FIFO queue of local waiters, AbortSignal) and the
@@ -160,9 +162,15 @@ describe('waiting without polling, and the batched watchdog', () => {
   const fresh = (label: string): string => `${label}-${(seq += 1)}`;
   const key = (name: string): string => PREFIX + name;
   const subscribers = (name: string): Promise<number> => numsub(redis, key(name));
-  /** The subscription for `name` is gone (PUBSUB NUMSUB 0); UNSUBSCRIBE may take a round trip. */
+  /**
+   * The subscription for `name` is gone (PUBSUB NUMSUB 0): it is kept LINGER_MS after the last
+   * waiter, and UNSUBSCRIBE may take a round trip.
+   */
   const unsubscribed = (name: string): Promise<boolean> =>
-    eventually(async () => (await subscribers(name)) === 0, 1_000);
+    eventually(async () => (await subscribers(name)) === 0, LINGER_MS + 1_000);
+  /** Redis holds `name` for `handle` alone, taken up (a lock granted by a release is taken up by its first renewal). */
+  const heldBy = (name: string, handle: LockHandle): Promise<boolean> =>
+    eventually(async () => JSON.stringify(await redis.hgetall(key(name))) === JSON.stringify({ [handle.owner]: '1' }));
 
   /**
    * The first waiter for `name` has done what the spec says it does before it sleeps: failed,
@@ -247,7 +255,7 @@ describe('waiting without polling, and the batched watchdog', () => {
       const latency = performance.now() - releasedAt;
       expect(waiter).not.toBeNull();
       expect(latency).toBeLessThan(WAKE_MS);
-      expect(await redis.hgetall(key(name))).toEqual({ [(waiter as LockHandle).owner]: '1' });
+      expect(await heldBy(name, waiter as LockHandle)).toBe(true);
 
       const lines = await mon.window(from);
       const releaseAt = lines.findIndex((args) => isCall(args, RELEASE_SCRIPT) && keysOf(args).includes(key(name)));
@@ -256,10 +264,11 @@ describe('waiting without polling, and the batched watchdog', () => {
       const after = calls(lines.slice(releaseAt), ACQUIRE_SCRIPT, key(name)).length;
       expect(before).toBeGreaterThanOrEqual(2); // tried, subscribed, retried once
       expect(before).toBeLessThanOrEqual(4); // then slept: no polling during the 1 s hold
-      expect(after).toBe(1); // woken once, took it
+      // The release granted it to the waiter's line: no attempt, one renewal that took it up.
+      expect(after).toBe(0);
+      expect(calls(lines.slice(releaseAt), RENEW_SCRIPT, key(name)).length).toBeGreaterThanOrEqual(1);
 
       await (waiter as LockHandle).release();
-      expect(await unsubscribed(name)).toBe(true);
     });
 
     it('a waiter in another application is woken by the release message of the holder', async () => {
@@ -283,10 +292,10 @@ describe('waiting without polling, and the batched watchdog', () => {
       const before = calls(lines.slice(0, releaseAt), ACQUIRE_SCRIPT, key(name)).length;
       expect(before).toBeGreaterThanOrEqual(2);
       expect(before).toBeLessThanOrEqual(4);
-      expect(calls(lines.slice(releaseAt), ACQUIRE_SCRIPT, key(name))).toHaveLength(1);
+      expect(calls(lines.slice(releaseAt), ACQUIRE_SCRIPT, key(name))).toHaveLength(0); // granted by the release
+      expect(await heldBy(name, waiter as LockHandle)).toBe(true);
 
       await (waiter as LockHandle).release();
-      expect(await unsubscribed(name)).toBe(true);
     });
 
     it('a @DisLock method with waitTime is woken by the release message too', async () => {
@@ -303,10 +312,9 @@ describe('waiting without polling, and the batched watchdog', () => {
       expect(ranAt - releasedAt).toBeLessThan(WAKE_MS);
       expect(ranAt).toBeGreaterThan(releasedAt); // it ran only after the release
       const attempts = calls(await mon.window(from), ACQUIRE_SCRIPT, holder.key);
-      expect(attempts.length).toBeGreaterThanOrEqual(3);
-      expect(attempts.length).toBeLessThanOrEqual(4);
+      expect(attempts.length).toBeGreaterThanOrEqual(2); // tried, retried once; then granted by the release
+      expect(attempts.length).toBeLessThanOrEqual(3);
       expect(await redis.exists(holder.key)).toBe(0);
-      expect(await unsubscribed(holder.name)).toBe(true);
     });
 
     it('a holder in its last millisecond (PTTL 0) does not make the waiter sleep its whole waitTime', async () => {
@@ -339,7 +347,6 @@ describe('waiting without polling, and the batched watchdog', () => {
       expect(attempts.length).toBeGreaterThanOrEqual(3); // tried, retried once, tried again at the end of the lease
       expect(attempts.length).toBeLessThanOrEqual(4);
       await waiter?.release();
-      expect(await unsubscribed(name)).toBe(true);
     });
 
     it('no lost wake-up: a release racing the waiter between its failed try and its subscription is never missed', async () => {
@@ -370,7 +377,6 @@ describe('waiting without polling, and the batched watchdog', () => {
         expect({ round, trigger, acquired: waiter !== null }).toEqual({ round, trigger, acquired: true });
         expect(performance.now() - startedAt).toBeLessThan(1_000);
         await waiter?.release();
-        expect(await unsubscribed(name)).toBe(true);
       }
     });
   });
@@ -410,7 +416,6 @@ describe('waiting without polling, and the batched watchdog', () => {
         await Promise.all(waiters);
         expect(order).toEqual([0, 1, 2, 3, 4]);
         expect(await redis.exists(key(name))).toBe(0);
-        expect(await unsubscribed(name)).toBe(true);
       },
     );
 
@@ -434,10 +439,9 @@ describe('waiting without polling, and the batched watchdog', () => {
         expect(head).not.toBeNull();
         await sleep(200); // the other 9 stay asleep: nothing is free
         const lines = await mon.window(releaseFrom);
-        const attempts = calls(lines, ACQUIRE_SCRIPT, key(name));
-        expect(attempts.length).toBeGreaterThanOrEqual(1);
-        expect(attempts.length).toBeLessThanOrEqual(2);
-        expect(await redis.hgetall(key(name))).toEqual({ [(head as LockHandle).owner]: '1' });
+        // The release granted it to the line's head: no attempt at all, from anyone.
+        expect(calls(lines, ACQUIRE_SCRIPT, key(name))).toHaveLength(0);
+        expect(await heldBy(name, head as LockHandle)).toBe(true);
         expect(await subscribers(name)).toBe(1); // 9 still wait, on one subscription
 
         // The rest follow in order, each woken by the release before it.
@@ -449,7 +453,6 @@ describe('waiting without polling, and the batched watchdog', () => {
           previous = next as LockHandle;
         }
         await previous.release();
-        expect(await unsubscribed(name)).toBe(true);
       },
     );
   });
@@ -537,7 +540,6 @@ describe('waiting without polling, and the batched watchdog', () => {
       expect(error).toBe(second.signal.reason);
       expect((error as Error).name).toBe('AbortError');
       expect(fn).not.toHaveBeenCalled();
-      expect(await unsubscribed(name)).toBe(true);
       expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
       await holder.release();
       expect(await eventually(async () => (await redis.exists(key(name))) === 1, 300)).toBe(false);
@@ -564,7 +566,6 @@ describe('waiting without polling, and the batched watchdog', () => {
       expect(handle).not.toBeNull();
       expect(performance.now() - releasedAt).toBeLessThan(WAKE_MS);
       await (handle as LockHandle).release();
-      expect(await unsubscribed(name)).toBe(true);
     });
 
     it('an already-aborted signal fails at once without a single Redis command', async () => {
@@ -587,9 +588,9 @@ describe('waiting without polling, and the batched watchdog', () => {
     });
   });
 
-  describe('the subscription lives only while someone waits', () => {
+  describe('the subscription lives while someone waits, and LINGER_MS after', () => {
     it.each(['acquired', 'timed out', 'aborted'] as const)(
-      'NUMSUB is 1 while one waiter waits and 0 once it has %s',
+      'NUMSUB is 1 while one waiter waits, and 0 within LINGER_MS once it has %s',
       async (outcome) => {
         const name = fresh(`numsub-${outcome.replace(' ', '-')}`);
         const holder = await b.locks.lock(name, LONG);
@@ -606,8 +607,11 @@ describe('waiting without polling, and the batched watchdog', () => {
         if (outcome === 'acquired') await holder.release();
         if (outcome === 'aborted') controller.abort();
         const handle = await waiting;
+        const doneAt = performance.now();
         expect(handle === null).toBe(outcome !== 'acquired');
+        expect(await subscribers(name)).toBe(1); // kept for the next wait a while
         expect(await unsubscribed(name)).toBe(true);
+        expect(performance.now() - doneAt).toBeGreaterThanOrEqual(LINGER_MS - 50);
         await handle?.release();
         await holder.release();
       },
@@ -630,6 +634,36 @@ describe('waiting without polling, and the batched watchdog', () => {
       expect(await unsubscribed(name)).toBe(true);
       expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
       await holder.release();
+    });
+  });
+
+  describe('a lock waited for again within LINGER_MS', () => {
+    it('needs no SUBSCRIBE and no second attempt: one attempt, then the release grants it', async () => {
+      const name = fresh('linger');
+      const holder = await b.locks.lock(name, LONG);
+      const first = a.locks.lock(name, WAIT);
+      expect(await eventually(async () => (await subscribers(name)) === 1)).toBe(true);
+      await holder.release();
+      await (await first).release(); // the last waiter here has gone: the channel lingers
+
+      const again = await b.locks.lock(name, LONG);
+      const from = await mon.sync();
+      const waiting = a.locks.lock(name, WAIT);
+      // Its one attempt found the lock held and took a place; then it sleeps.
+      expect(
+        await eventually(async () => (await redis.zcard(lineKeysFor(PREFIX, key(name), key(name))[0])) === 1),
+      ).toBe(true);
+      await sleep(50);
+      const releasedAt = performance.now();
+      await again.release();
+      const handle = await waiting;
+      expect(performance.now() - releasedAt).toBeLessThan(WAKE_MS);
+      const lines = await mon.window(from);
+      expect(calls(lines, ACQUIRE_SCRIPT, key(name))).toHaveLength(1);
+      expect(lines.filter((args) => /^(un)?subscribe$/i.test(args[0] ?? ''))).toEqual([]);
+      expect(await heldBy(name, handle)).toBe(true);
+      await handle.release();
+      expect(await unsubscribed(name)).toBe(true);
     });
   });
 

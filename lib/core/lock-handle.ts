@@ -100,6 +100,11 @@ export class HeldLock implements Scheduled {
   heapIndex = -1;
   /** The last renewal error, kept to explain a lease that ran out while Redis was unreachable. */
   lastError: unknown;
+  /**
+   * Handed over by a release under a short grant lease (see `Grant` in the store interface): the
+   * watchdog renews it at once, which takes the grant up and sets this lock's own lease.
+   */
+  takingUp = false;
   private abortController: AbortController | undefined;
 
   constructor(
@@ -120,6 +125,12 @@ export class HeldLock implements Scheduled {
     private readonly validMs = Infinity,
   ) {
     this.leaseEndsAt = this.validUntil(acquiredAt);
+  }
+
+  /** A grant whose lease surely runs until `grantedUntil`: held from now, taken up by the first renewal. */
+  takeUp(grantedUntil: number): void {
+    this.takingUp = true;
+    this.leaseEndsAt = Math.min(this.leaseEndsAt, grantedUntil);
   }
 
   /** `performance.now()` until which a lease (re)set by a command sent at `sentAt` surely runs. */

@@ -4,11 +4,11 @@ import { OwnerIds } from '../core/owner-ids';
 import { InvalidLockOptionsError } from '../errors';
 import type { ResolvedLockOptions, ResolvedModuleOptions } from '../module/dislock.options';
 import { FENCE_MARKER, LINE_MARKER } from '../store/redis/fence-key';
-import type { LockStore } from '../store/lock-store.interface';
+import type { Grant, LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
 import type { ShutdownGate } from './shutdown-gate';
-import type { Attempter, WaitLine } from './wait-line';
+import type { Attempter, LineSeat, WaitLine } from './wait-line';
 
 const now = (): number => performance.now();
 
@@ -87,15 +87,15 @@ export class Acquisition implements Attempter {
     // if the lock is busy. Otherwise join the local line, so that a newcomer cannot take the lock
     // from under waiters that came first.
     if (!this.line.hasWaiters(key)) {
-      const place = { id: this.line.newPlaceId(), inLine: false };
-      const first = await this.attempt(name, key, options, keepOnShutdown, place.id);
+      const place = this.line.newSeat();
+      const first = await this.attempt(name, key, options, keepOnShutdown, place);
       if (first instanceof Handle) return first;
       place.inLine = true;
       if (deadline - now() <= 0 || cancel?.aborted) {
         this.line.leave(key, place.id);
         return null;
       }
-      return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel, { place });
+      return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel, { place, ttl: first });
     }
     return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel);
   }
@@ -125,26 +125,81 @@ export class Acquisition implements Attempter {
     return undefined;
   }
 
-  /** One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy. */
+  /**
+   * One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy.
+   * With a `seat` (a waiting line's place in the store's line), the attempt keeps that place, or
+   * takes up a grant to it, and the seat learns what a later grant must be checked against.
+   */
   async attempt(
     name: string,
     key: string,
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
-    waiter?: string,
+    seat?: LineSeat,
   ): Promise<Handle | number> {
     const owner = this.ownerIds.next();
     const lease = leaseOf(options);
     const sentAt = now();
     let result;
     try {
-      result = await this.store.acquire(key, owner, lease, waiter);
+      result = await this.store.acquire(key, owner, lease, seat?.id);
     } catch (error) {
       throw redisFailed('acquire', name, error);
     }
-    if (!result.acquired) return result.ttl;
-    const validMs = result.validMs ?? Infinity;
-    if (now() >= Math.min(leaseValidUntil(sentAt, lease), sentAt + validMs)) {
+    if (!result.acquired) {
+      if (seat) {
+        seat.missedAt = sentAt;
+        seat.missedToken = result.lastToken ?? Infinity;
+      }
+      return result.ttl;
+    }
+    if (seat) seat.floor = Math.max(seat.floor, result.token);
+    return this.keepInTime(name, key, owner, result.token, options, sentAt, keepOnShutdown, result.validMs);
+  }
+
+  /**
+   * Hold a lock that a release granted to `seat` (the head of the store's line): at once, with no
+   * request, while the grant's lease surely runs (its token says it was made after the seat's
+   * last refused attempt ran, so its lease began after that attempt was sent); the watchdog's
+   * first renewal then takes it up. Otherwise (a grant older than that attempt, heard late; or
+   * that moment has passed: a slow event loop), a renewal first asks whether it still holds, and
+   * takes it up. The handle, or -2 when the grant has lapsed (try again as a newcomer would).
+   */
+  async adopt(
+    name: string,
+    key: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    grant: Grant,
+    seat: LineSeat,
+  ): Promise<Handle | number> {
+    seat.floor = Math.max(seat.floor, grant.token);
+    const grantedUntil = grant.token > seat.missedToken ? leaseValidUntil(seat.missedAt, grant.leaseMs) : -Infinity;
+    if (now() < grantedUntil && !this.gate.closing) {
+      const lock = new HeldLock(name, key, grant.owner, grant.token, options, seat.missedAt, keepOnShutdown);
+      lock.takeUp(grantedUntil);
+      this.held.add(lock);
+      return new Handle(lock, false, this.held);
+    }
+    const sentAt = now();
+    const [outcome] = await this.store.renew([{ key, owner: grant.owner, leaseMs: leaseOf(options) }]);
+    if (typeof outcome === 'object') throw redisFailed('acquire', name, outcome.error);
+    if (!outcome) return -2;
+    return this.keepInTime(name, key, grant.owner, grant.token, options, sentAt, keepOnShutdown, undefined);
+  }
+
+  /** Keep a lock the store has just given `owner` by a request sent at `sentAt`, unless its answer came too late. */
+  private async keepInTime(
+    name: string,
+    key: string,
+    owner: string,
+    token: number,
+    options: ResolvedLockOptions,
+    sentAt: number,
+    keepOnShutdown: boolean,
+    validMs = Infinity,
+  ): Promise<Handle | number> {
+    if (now() >= Math.min(leaseValidUntil(sentAt, leaseOf(options)), sentAt + validMs)) {
       // The answer came after the lease it granted may have ended in Redis: another owner may
       // hold the lock by now. Never hand that out: give the hold back (owner-checked) and count
       // this attempt as a miss.
@@ -152,7 +207,7 @@ export class Acquisition implements Attempter {
       return -2;
     }
     if (this.gate.closing) await this.giveBack(name, key, owner);
-    return this.keep(name, key, owner, result.token, options, sentAt, keepOnShutdown, validMs);
+    return this.keep(name, key, owner, token, options, sentAt, keepOnShutdown, validMs);
   }
 
   /** Shutdown began while this acquisition was on its way: nobody would release the lock. Throws. */

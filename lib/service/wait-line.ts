@@ -3,7 +3,7 @@ import { Handle } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
 import { wakeOrTimeout } from '../core/wake-or-timeout';
 import type { ResolvedLockOptions } from '../module/dislock.options';
-import type { LinePlace, LockStore, ReleaseWatch } from '../store/lock-store.interface';
+import type { Grant, LinePlace, LockStore, ReleaseWatch } from '../store/lock-store.interface';
 import type { ShutdownGate } from './shutdown-gate';
 import { WaitQueue } from './wait-queue';
 
@@ -21,7 +21,23 @@ function backoff(attempt: number): number {
   return Math.min(100, 5 * 2 ** Math.min(attempt, 8)) * (0.5 + Math.random());
 }
 
-/** What the line asks to take the lock, once, when a waiter's turn comes. */
+/**
+ * This process's waiting line for one lock as it stands in the store's line (see `LinePlace`), and
+ * what its attempts have taught it about the grants a release may hand it.
+ */
+export interface LineSeat extends LinePlace {
+  /** When the line's last attempt that did not take the lock was sent. */
+  missedAt: number;
+  /**
+   * The store's last fencing token when that attempt was refused: a grant with a larger token
+   * was made after it, so its lease runs at least until `missedAt` + the grant's lease.
+   */
+  missedToken: number;
+  /** The largest fencing token the line has been given: a grant with no larger one was taken up already. */
+  floor: number;
+}
+
+/** What the line asks to take the lock when a waiter's turn comes. */
 export interface Attempter {
   /** One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy. */
   attempt(
@@ -29,7 +45,16 @@ export interface Attempter {
     key: string,
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
-    waiter?: string,
+    seat?: LineSeat,
+  ): Promise<Handle | number>;
+  /** Hold the lock a release granted to the line: the handle, or -2 when the grant has lapsed. */
+  adopt(
+    name: string,
+    key: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    grant: Grant,
+    seat: LineSeat,
   ): Promise<Handle | number>;
 }
 
@@ -80,15 +105,15 @@ export class WaitLine {
     deadline: number,
     cancel: AbortSignal | undefined,
     /** The place the caller's first attempt took in the store's line, if it took one. */
-    placed?: { readonly place: LinePlace },
+    placed?: { readonly place: LineSeat; readonly ttl: number },
   ): Promise<Handle | null> {
     let queue = this.queues.get(key);
     if (!queue) {
-      const place: LinePlace = placed?.place ?? { id: this.newPlaceId(), inLine: false };
+      const place = placed?.place ?? this.newSeat();
       // Outside the caller's lock scope: the subscriber connection this may open outlives the call.
       queue = new WaitQueue(
         place,
-        this.scope.outside(() => this.store.watch(key, place)),
+        this.scope.outside(() => this.store.watch(key, place, place.missedAt)),
       );
       this.queues.set(key, queue);
     } else if (placed) {
@@ -111,23 +136,40 @@ export class WaitLine {
       // The previous head left holding the lock: wait for its release before asking Redis (the
       // line has no place in Redis then, so that release wakes it whoever is next there).
       // A caller whose first attempt took the line's place still tries once more, now that it
-      // listens: a release between that attempt and the subscription was not heard.
+      // listens: a release between that attempt and the subscription was not heard. Unless the
+      // key's releases were heard since before that attempt (the store kept listening after an
+      // earlier wait): a release since then has woken this watch already.
       let ttl = queue.heldLocally ? queue.heldLease : -1;
       let tryNow = !queue.heldLocally;
+      if (placed && watch?.listening && watch.listeningSince <= placed.place.missedAt) {
+        ttl = placed.ttl;
+        tryNow = false;
+      }
       queue.heldLocally = false;
+      const seat = queue.place;
+      const holdingNow = (handle: Handle): Handle => {
+        queue.heldLocally = true;
+        queue.heldLease = handle.lock.leaseMs;
+        holding = true;
+        return handle;
+      };
       for (let attempt = 0; ; attempt += 1) {
         this.gate.assertOpen(name); // shutdown may have ended the wait while it was subscribing
         if (stop.signal.aborted) return null;
+        // A release handed the lock to this line (its place headed the store's line): hold it,
+        // unless an attempt since has taken that grant up already.
+        const grant = watch?.takeGrant();
+        if (grant && grant.token > seat.floor) {
+          seat.inLine = false; // the grant took the place out of the store's line
+          const adopted = await taker.adopt(name, key, options, keepOnShutdown, grant, seat);
+          if (adopted instanceof Handle) return holdingNow(adopted);
+          tryNow = true; // the grant lapsed before it could be relied on: ask again
+        }
         if (tryNow) {
-          const result = await taker.attempt(name, key, options, keepOnShutdown, queue.place.id);
+          const result = await taker.attempt(name, key, options, keepOnShutdown, seat);
           // A fresh attempt that did not take the lock holds (or renewed) a place in the line.
-          queue.place.inLine = !(result instanceof Handle);
-          if (result instanceof Handle) {
-            queue.heldLocally = true;
-            queue.heldLease = result.lock.leaseMs;
-            holding = true;
-            return result;
-          }
+          seat.inLine = !(result instanceof Handle);
+          if (result instanceof Handle) return holdingNow(result);
           ttl = result;
         }
         tryNow = true;
@@ -157,7 +199,8 @@ export class WaitLine {
       queue.leave(place);
       if (queue.empty && this.queues.get(key) === queue) {
         this.queues.delete(key);
-        void queue.watch.then((watch) => watch.close());
+        // Outside the caller's lock scope: a channel kept subscribed a while keeps a timer.
+        void queue.watch.then((watch) => this.scope.outside(() => watch.close()));
         // The last waiter here gives up: give up the line's place too, so that the next waiter
         // elsewhere need not wait for it to lapse.
         if (!holding && queue.place.inLine) this.leave(key, queue.place.id);
@@ -177,9 +220,9 @@ export class WaitLine {
     return watch;
   }
 
-  /** A fresh id for a line's place in the store's line of waiters. */
-  newPlaceId(): string {
-    return randomBytes(12).toString('hex');
+  /** A fresh place for a line in the store's line of waiters (not taken yet). */
+  newSeat(): LineSeat {
+    return { id: randomBytes(12).toString('hex'), inLine: false, missedAt: -Infinity, missedToken: Infinity, floor: 0 };
   }
 
   /** Give up a place in the store's line (at most a lapsed place if it fails: it expires by itself). */

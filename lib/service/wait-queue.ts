@@ -1,4 +1,5 @@
-import type { LinePlace, ReleaseWatch } from '../store/lock-store.interface';
+import type { ReleaseWatch } from '../store/lock-store.interface';
+import type { LineSeat } from './wait-line';
 
 /** One waiter's place in a `WaitQueue`. */
 export interface WaitTicket {
@@ -33,7 +34,7 @@ export class WaitQueue {
 
   constructor(
     /** This line's place in the store's line of waiters for the key (shared by its waiters, one at a time). */
-    readonly place: LinePlace,
+    readonly place: LineSeat,
     /** Subscribed before the first waiter's retry, so that no release in between is missed. */
     readonly watch: Promise<ReleaseWatch>,
   ) {}

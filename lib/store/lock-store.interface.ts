@@ -6,12 +6,23 @@ export interface ReleaseWatch {
    */
   readonly listening: boolean;
   /**
+   * `performance.now()` since when releases of the key have been heard without a break (Infinity
+   * when not listening). An attempt sent after it needs no second attempt once watching: a
+   * release after it was heard, and is passed on to a watch started with that `since`.
+   */
+  readonly listeningSince: number;
+  /**
    * Resolves at the next release heard since the previous call (at once if one came in between),
    * after `maxWaitMs`, or when `signal` aborts. Never rejects.
    */
   wait(maxWaitMs: number, signal: AbortSignal): Promise<void>;
   /** A release seen locally (this process freed the lock): wake the wait as a message would. */
   wake(): void;
+  /**
+   * The lock, if a release has handed it to this watch's line (its place was the head of the
+   * store's line) since the last call; each grant is given out once. See `Grant`.
+   */
+  takeGrant(): Grant | undefined;
   /** Stop listening; the channel is unsubscribed when the last watch of the key closes. */
   close(): void;
 }
@@ -25,6 +36,21 @@ export interface LinePlace {
   inLine: boolean;
 }
 
+/**
+ * A lock that a release handed straight to the head of its line: the head's process holds it
+ * from then on under `owner`, with no request of its own. The grant's lease is `leaseMs` from the
+ * moment it was made; when its token is larger than the `lastToken` of an attempt of the line
+ * that was refused, that moment came after the attempt ran (and so after it was sent). The
+ * holder's first renewal takes the grant up and sets its own lease. An attempt of the same line
+ * that finds the grant not yet taken up takes it up instead (same token), so a grant whose token
+ * is not larger than the last token the line was given is stale.
+ */
+export interface Grant {
+  readonly owner: string;
+  readonly token: number;
+  readonly leaseMs: number;
+}
+
 /** Outcome of one acquire attempt. */
 export type AcquireResult =
   /**
@@ -35,9 +61,11 @@ export type AcquireResult =
   | { readonly acquired: true; readonly token: number; readonly validMs?: number }
   /**
    * Not taken: `ttl` is the holder's remaining lease in ms (-1 when the key has none), or -3 when
-   * the lock is free but other waiters are ahead in its line.
+   * the lock is free but other waiters are ahead in its line. `lastToken`, from a store that
+   * grants (see `Grant`): the largest fencing token issued for the key when it was refused; a
+   * grant with a larger token was made after this attempt.
    */
-  | { readonly acquired: false; readonly ttl: number };
+  | { readonly acquired: false; readonly ttl: number; readonly lastToken?: number };
 
 /** Whether an owner still holds its lock, and the key's remaining lease in ms (-2: no key). */
 export interface CheckResult {
@@ -100,16 +128,18 @@ export interface LockStore {
    * Drop `owner`'s hold. Never touches a lock of another owner. Local watchers of `key` (see
    * `watch`) are woken whenever the release is known to have freed the lock, whether its own
    * reply said so or, when that reply was lost or late, its announcement came back; with a line
-   * of waiters, only the watch whose turn it is.
+   * of waiters, the lock goes to its head (see `Grant`), and only the watch whose turn it is wakes.
    */
   release(key: string, owner: string): Promise<ReleaseResult>;
   /**
    * Listen for releases of `key` (by any process). Resolves once listening, or once that failed
    * (`listening: false`); never rejects. Call before the retry that follows a failed attempt, so
-   * that a release in between is not missed. Every watch is also woken when the listening
-   * connection comes back after a drop: a release announced meanwhile was not heard.
+   * that a release in between is not missed (unless `listeningSince` says it was heard: the last
+   * release heard since `since` wakes the new watch, and hands it a grant to `place`). Every
+   * watch is also woken when the listening connection comes back after a drop: a release
+   * announced meanwhile was not heard.
    */
-  watch(key: string, place?: LinePlace): Promise<ReleaseWatch>;
+  watch(key: string, place?: LinePlace, since?: number): Promise<ReleaseWatch>;
   /**
    * Check once, at startup, that the backend allows every operation the store needs. Rejects with
    * `RedisAccessError` naming what is refused (an ACL permission, scripting); a backend that does

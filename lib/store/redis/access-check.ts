@@ -14,7 +14,10 @@ import { RENEW_SCRIPT } from './scripts/renew.script';
 const SCRIPT_COMMANDS = [
   'exists',
   'hexists',
+  'hget',
+  'hgetall',
   'hset',
+  'hdel',
   'type',
   'pttl',
   'pexpire',
@@ -229,7 +232,9 @@ class AccessCheck {
         ),
       ) as Promise<[number, number]>;
     const release = (owner: string): Promise<unknown> =>
-      this.bounded(RELEASE_SCRIPT.run(this.client, [this.key, ...this.line], [owner, 'access-check', sharded, 250]));
+      this.bounded(
+        RELEASE_SCRIPT.run(this.client, [this.key, this.fence, ...this.line], [owner, 'access-check', sharded, 250]),
+      );
     const acquired = await acquire(this.owner, '');
     // The fencing counter of a real lock lives forever; the probe's should not outlive the lease.
     await this.bounded(this.client.pexpire(this.fence, lease));
@@ -246,8 +251,8 @@ class AccessCheck {
     expectReply('renew', renewed[0] === 1, renewed);
 
     // Two more owners wait (places in the line), the first of them with a place that lapses at
-    // once; the holder releases (dropping the lapsed place, announcing the head), the second takes
-    // it (leaving the line) and releases.
+    // once; the holder releases (dropping the lapsed place, granting the lock to the head), the
+    // second takes the grant up and releases.
     const waiter = `${this.owner}w`;
     const lapsing = await acquire(`${this.owner}3`, `${this.owner}v`, 1);
     expectReply('acquire (waiting)', lapsing[0] === 0, lapsing);
@@ -321,6 +326,9 @@ class AccessCheck {
       () => c.eval('return 1', 0),
       () => c.exists(this.key),
       () => c.hexists(this.key, owner),
+      () => c.hget(this.key, owner),
+      () => c.hgetall(this.key),
+      () => c.hdel(this.key, owner), // on a key that does not exist: changes nothing
       () => c.type(this.key),
       () => c.pttl(this.key),
       () => c.pexpire(this.key, 1),

@@ -75,7 +75,7 @@ export class RedisLockStore implements LockStore {
   private readonly id = randomBytes(8).toString('hex');
   private readonly releases: ReleaseSubscriber;
   private readonly cluster: boolean;
-  /** What an acquisition announces a head that has not come with: this store's id (see the acquire script). */
+  /** What an acquisition announces a grant to the head of a line with: this store's id (see the acquire script). */
   private readonly lineNotice = `${this.id}:0`;
   /** A waiter attempts at least this often, renewing its place in the lock's line. */
   readonly lineRefreshMs = Math.floor(PLACE_MS / 3);
@@ -123,9 +123,7 @@ export class RedisLockStore implements LockStore {
   }
 
   async acquire(key: string, owner: string, leaseMs: number, waiter?: string): Promise<AcquireResult> {
-    const slotKey = this.clientPrefix + key;
-    const keys = [key, fenceKeyFor(this.keyPrefix, slotKey), ...lineKeysFor(this.keyPrefix, slotKey, key)];
-    const pending = ACQUIRE_SCRIPT.run(this.client, keys, [
+    const pending = ACQUIRE_SCRIPT.run(this.client, this.lineScriptKeys(key), [
       owner,
       leaseMs,
       waiter ?? '',
@@ -141,8 +139,8 @@ export class RedisLockStore implements LockStore {
       if (error instanceof StoreTimeoutError) this.giveBack(key, owner, pending);
       throw error;
     }
-    const [taken, value] = reply as [number, number];
-    if (taken !== 1) return { acquired: false, ttl: value };
+    const [taken, value, lastToken] = reply as [number, number, number?];
+    if (taken !== 1) return { acquired: false, ttl: value, lastToken };
     if (this.replicaAck) await this.confirmed(key, owner);
     return { acquired: true, token: value };
   }
@@ -189,7 +187,9 @@ export class RedisLockStore implements LockStore {
       if (this.echoes.failed(message)) this.releases.wakeLocal(key);
       throw error;
     }
-    const [code, head, second] = Array.isArray(reply) ? (reply as [number, string, string]) : [reply, '', ''];
+    const [code, head, second, granted] = Array.isArray(reply)
+      ? (reply as [number, string, string, string])
+      : [reply, '', '', ''];
     const result = RELEASE_RESULTS[code as number];
     if (result === undefined) throw new Error(`Unexpected reply from the release script: ${String(reply)}`);
     if (result === 'not-owner' && connection !== this.connections) {
@@ -207,9 +207,10 @@ export class RedisLockStore implements LockStore {
       return result;
     }
     this.echoes.handled(message);
-    // The local waiter goes at once if it heads the line (or nobody waits in it); otherwise the
-    // announcement has told the head's process.
-    this.releases.heard(this.releases.channelOf(key), head, second);
+    // The lock went to the head of its line: if that is this process's line, its waiter holds it
+    // now; if nobody waits in the line, every local waiter looks; otherwise the announcement has
+    // told the head's process.
+    this.releases.heard(this.releases.channelOf(key), head, second, granted);
     return result;
   }
 
@@ -221,8 +222,8 @@ export class RedisLockStore implements LockStore {
     return checkRedisAccess(this.client, this.keyPrefix, this.operationTimeout);
   }
 
-  watch(key: string, place?: LinePlace): Promise<ReleaseWatch> {
-    return this.releases.watch(key, place);
+  watch(key: string, place?: LinePlace, since?: number): Promise<ReleaseWatch> {
+    return this.releases.watch(key, place, since);
   }
 
   async close(): Promise<void> {
@@ -234,9 +235,10 @@ export class RedisLockStore implements LockStore {
     if (this.owned) await closeRedis(this.client, this.operationTimeout);
   }
 
-  /** The lock key and its line's two keys, for the scripts that announce a release. */
+  /** The lock key, its slot's fencing counter and its line's two keys, for the scripts that hand a lock on. */
   private lineScriptKeys(key: string): string[] {
-    return [key, ...lineKeysFor(this.keyPrefix, this.clientPrefix + key, key)];
+    const slotKey = this.clientPrefix + key;
+    return [key, fenceKeyFor(this.keyPrefix, slotKey), ...lineKeysFor(this.keyPrefix, slotKey, key)];
   }
 
   /**

@@ -1,5 +1,5 @@
 import { wakeOrTimeout } from '../../core/wake-or-timeout';
-import type { LinePlace, ReleaseWatch } from '../lock-store.interface';
+import type { Grant, LinePlace, ReleaseWatch } from '../lock-store.interface';
 import { duplicateClient, isClusterClient, type RedisClient } from './redis-client';
 import {
   type ChannelEvents,
@@ -12,10 +12,30 @@ import type { ReleaseEchoes } from './release-echoes';
 /** How much later than the head's grant the waiter after it looks, in case the head is gone. */
 const SECOND_LOOK_SLACK_MS = 20;
 
+/**
+ * How long a channel stays subscribed after its last local waiter has gone. A contended lock is
+ * waited for again and again: its next wait then needs no SUBSCRIBE, no UNSUBSCRIBE, and no
+ * second attempt after subscribing (see `ReleaseWatch.listeningSince`).
+ */
+export const LINGER_MS = 1_000;
+
+const now = (): number => performance.now();
+
+/** An announcement as a watch hears it. */
+interface Announcement {
+  readonly at: number;
+  readonly head: string;
+  readonly second: string;
+  readonly token: string;
+}
+
 class Watch implements ReleaseWatch {
   listening = false;
+  listeningSince = Infinity;
   private pending = false;
   private wakeUp: (() => void) | undefined;
+  /** A grant to this watch's line not yet given out (see `takeGrant`). */
+  private grant: Grant | undefined;
   /** The look the second waiter of the line takes once the head's grant has passed. */
   private secondLook: NodeJS.Timeout | undefined;
 
@@ -44,13 +64,23 @@ class Watch implements ReleaseWatch {
     else this.pending = true;
   }
 
+  takeGrant(): Grant | undefined {
+    const grant = this.grant;
+    this.grant = undefined;
+    return grant;
+  }
+
   /**
-   * A release announced who heads the lock's line: wake if it is this waiter (or nobody waits in
-   * the line, or this waiter has no place in it, so only an attempt can give it one); the waiter after the head looks once the head's
-   * grant has passed, in case the head is gone; everyone else sleeps on.
+   * A release announced who heads the lock's line, and the grant of the lock to it (`token`): wake
+   * if it is this waiter's line, keeping the grant for it (or if nobody waits in the line, or this
+   * waiter has no place in it, so only an attempt can give it one); the waiter after the head
+   * looks once the head's grant has passed, in case the head is gone; everyone else sleeps on.
    */
-  heard(head: string, second: string): void {
+  heard(head: string, second: string, token: string): void {
     const place = this.place;
+    if (head !== '' && head === place?.id && token !== '') {
+      this.grant = { owner: `${head}:${token}`, token: Number(token), leaseMs: this.grantMs };
+    }
     if (!place?.inLine || head === '' || head === place.id) {
       this.wake();
       return;
@@ -61,11 +91,6 @@ class Watch implements ReleaseWatch {
       this.wake();
     }, this.grantMs + SECOND_LOOK_SLACK_MS);
     this.secondLook.unref();
-  }
-
-  /** The head took the lock: no need to look in its place. */
-  taken(): void {
-    this.cancelSecondLook();
   }
 
   close(): void {
@@ -84,13 +109,19 @@ interface Channel {
   readonly watches: Set<Watch>;
   /** Settles once SUBSCRIBE was answered: `true` when listening. */
   readonly subscribed: Promise<boolean>;
+  /** `performance.now()` once SUBSCRIBE was answered; Infinity until then, or when it failed. */
+  listeningSince: number;
+  /** The last announcement heard on the channel (or its connection coming back), for a watch that starts after it. */
+  last: Announcement | undefined;
+  /** Unsubscribes the channel once it has had no watch for LINGER_MS. */
+  linger: NodeJS.Timeout | undefined;
 }
 
 /**
  * Hears lock releases over Redis pub/sub: the release script publishes on a channel named like the
  * lock key. The subscriber connections (one, or on a Cluster one per master that owns a watched
  * slot) are opened on the first wait and shared by every waiter; a key's channel is subscribed
- * while at least one local waiter watches it.
+ * while at least one local waiter watches it, and for LINGER_MS after the last one.
  */
 export class ReleaseSubscriber {
   private connections: ReleaseChannels | undefined;
@@ -98,20 +129,16 @@ export class ReleaseSubscriber {
   private closed = false;
   private readonly events: ChannelEvents = {
     message: (channel, message) => {
-      // `taken::<waiter>` (the head took the lock) or `<store>:<sequence>:<head>:<second>`.
-      const [store, sequence, head = '', second = ''] = message.split(':');
-      if (store === 'taken') {
-        for (const watch of this.channels.get(channel)?.watches ?? []) watch.taken();
-        return;
-      }
+      // `<store>:<sequence>:<head>:<second>:<token of the grant to the head>`
+      const [store, sequence, head = '', second = '', token = ''] = message.split(':');
       const id = `${store}:${sequence}`;
       if (this.echoes.isOwn(id) && !this.echoes.echoed(id)) return;
-      this.heard(channel, head, second);
+      this.heard(channel, head, second, token);
     },
     missed: (channels) => {
       // Every waiter re-checks now, so no announcement still on its way matters any more.
       this.echoes.reset();
-      for (const channel of channels) this.wakeChannel(channel);
+      for (const channel of channels) this.heard(channel, '', '', '');
     },
   };
 
@@ -125,28 +152,49 @@ export class ReleaseSubscriber {
     private readonly grantMs: number,
   ) {}
 
-  /** Watch the releases of `key`; resolves once subscribed (or once subscribing has failed). */
-  async watch(key: string, place?: LinePlace): Promise<ReleaseWatch> {
+  /**
+   * Watch the releases of `key`; resolves once subscribed (or once subscribing has failed). An
+   * announcement heard on a channel still subscribed since `since` is passed on to the new watch.
+   */
+  async watch(key: string, place?: LinePlace, since = Infinity): Promise<ReleaseWatch> {
     const channelName = this.channelOf(key);
     const watch = new Watch(channelName, place, this.grantMs, (closing) => this.unwatch(closing));
     let channel = this.channels.get(channelName);
     if (!channel) {
-      channel = { watches: new Set(), subscribed: this.subscribe(channelName) };
+      const subscribing: Channel = {
+        watches: new Set(),
+        subscribed: this.subscribe(channelName).then((listening) => {
+          if (listening) subscribing.listeningSince = now();
+          return listening;
+        }),
+        listeningSince: Infinity,
+        last: undefined,
+        linger: undefined,
+      };
+      channel = subscribing;
       this.channels.set(channelName, channel);
     }
+    clearTimeout(channel.linger);
+    channel.linger = undefined;
     channel.watches.add(watch);
+    const last = channel.last;
+    if (last && last.at >= since) watch.heard(last.head, last.second, last.token);
     watch.listening = await channel.subscribed;
+    watch.listeningSince = channel.listeningSince;
     return watch;
   }
 
-  /** A release announced on `channel`, naming the first two waiters of the lock's line. */
-  heard(channel: string, head: string, second: string): void {
-    for (const watch of this.channels.get(channel)?.watches ?? []) watch.heard(head, second);
+  /** A release announced on `channel`, naming the first two waiters of the lock's line and the token granted to the first. */
+  heard(channel: string, head: string, second: string, token: string): void {
+    const listening = this.channels.get(channel);
+    if (!listening) return;
+    listening.last = { at: now(), head, second, token };
+    for (const watch of listening.watches) watch.heard(head, second, token);
   }
 
   /** A release of `key` this process knows has run, without knowing who is next: wake every local watch. */
   wakeLocal(key: string): void {
-    this.wakeChannel(this.channelOf(key));
+    this.heard(this.channelOf(key), '', '', '');
   }
 
   /** Whether this subscriber listens on `key`'s channel (a local waiter watches it). */
@@ -157,7 +205,10 @@ export class ReleaseSubscriber {
   /** Ends every wait and closes the subscriber connections. */
   close(): void {
     this.closed = true;
-    for (const channel of this.channels.values()) for (const watch of channel.watches) watch.wake();
+    for (const channel of this.channels.values()) {
+      clearTimeout(channel.linger);
+      for (const watch of channel.watches) watch.wake();
+    }
     this.channels.clear();
     this.connections?.close();
     this.connections = undefined;
@@ -181,13 +232,17 @@ export class ReleaseSubscriber {
   private unwatch(watch: Watch): void {
     const channel = this.channels.get(watch.channel);
     if (!channel?.watches.delete(watch) || channel.watches.size > 0) return;
-    this.channels.delete(watch.channel);
-    this.connections?.unsubscribe(watch.channel);
+    // Kept a while, unless subscribing failed: the next wait then tries to subscribe again.
+    if (channel.listeningSince === Infinity || this.closed) return this.drop(watch.channel, channel);
+    channel.linger = setTimeout(() => this.drop(watch.channel, channel), LINGER_MS);
+    channel.linger.unref();
   }
 
-  private wakeChannel(channel: string): void {
-    const watches = this.channels.get(channel)?.watches;
-    if (watches) for (const watch of watches) watch.wake();
+  private drop(name: string, channel: Channel): void {
+    if (channel.watches.size > 0 || this.channels.get(name) !== channel) return;
+    clearTimeout(channel.linger);
+    this.channels.delete(name);
+    this.connections?.unsubscribe(name);
   }
 
   private open(): ReleaseChannels {

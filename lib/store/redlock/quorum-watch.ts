@@ -61,6 +61,14 @@ export class QuorumWatch implements ReleaseWatch {
     else this.pending = true;
   }
 
+  /** Each node's subscription starts anew with each wait: a wait always tries once more after subscribing. */
+  readonly listeningSince = Infinity;
+
+  /** Redlock keeps no line of waiters, so nothing is ever granted. */
+  takeGrant(): undefined {
+    return undefined;
+  }
+
   close(): void {
     this.closed = true;
     this.round?.wake();

@@ -1,4 +1,4 @@
-import { ANNOUNCE_LUA, DROP_LAPSED_LUA } from './announce.lua';
+import { DROP_LAPSED_LUA, FIND_GRANT_LUA, GRANT_LUA, NEXT_TOKEN_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -14,39 +14,35 @@ import { LuaScript } from './lua-script';
  * ARGV[3]  waiter id ('' for a caller that does not wait): one per waiting line of a process
  * ARGV[4]  ms a place is kept without being renewed by another attempt
  * ARGV[5]  '1' on a Cluster: announce with SPUBLISH (see release.script.ts)
- * ARGV[6]  the message to announce with (the store's id), see below
- * ARGV[7]  ms the head of the line has to take a free lock before its place lapses
+ * ARGV[6]  the message to announce a grant with (the store's id), see below
+ * ARGV[7]  ms a grant to the head of the line lasts before the head takes it up (line.lua.ts)
  *
- * Returns {1, token} when taken, {0, pttl} when another owner holds it (pttl -1: the key has no
- * expiry; a key of another type counts as held by someone else), and {0, -3} when it is free but
- * other waiters are ahead in its line: a newcomer never jumps the line.
+ * Returns {1, token} when taken, {0, pttl, last} when another owner holds it (pttl -1: the key has
+ * no expiry; a key of another type counts as held by someone else), and {0, -3, last} when it is
+ * free but other waiters are ahead in its line: a newcomer never jumps the line. `last` is the
+ * slot's last fencing token at that moment (0: none yet): a grant with a larger token was made
+ * after this attempt ran.
  *
  * The line exists only while someone waits: a waiter's place lapses ARGV[4] ms after its last
  * attempt (a waiter that died or gave up leaves by itself), lapsed places are dropped before the
  * head is read, and both line keys expire with the last place. A waiter that takes the lock
- * leaves the line; when it was the head, it says so on the lock's channel (`taken::<waiter>`), so
- * that the waiter after it, which was told to look in case the head is gone, need not.
+ * leaves the line.
  *
- * A free lock whose head has not come (it died, or missed its turn: nothing announced a lease
- * that ran out, or the head after one that lapsed) is announced again, once, by the first attempt
- * that finds it so: the head's place is cut to ARGV[7] ms and head and second are named, as a
- * release does (announce.lua.ts), so that a dead head holds a free lock up for ARGV[7] ms, not
- * for the rest of its place.
+ * A release hands the lock to the head of the line (a grant, see line.lua.ts). An attempt by a
+ * waiter that finds such a grant to itself not yet taken up (the announcement was missed or is
+ * still on its way) takes it up under its own owner id, with the grant's token. A free lock with
+ * others in the line (the holder's lease ran out: nothing announced it) is granted to the head by
+ * the attempt that finds it so, as a release would have.
  *
  * Safe to run twice: a client that re-sends the command after a lost reply (ioredis does, by
  * default, when the connection drops) finds its own owner id already in the hash. That can only
  * be its own first run, so it answers "taken" again, with a new token: the first one never
  * reached the caller, and the new one is still larger than every token issued before it.
- *
- * The token is the server's clock in microseconds, or the slot's last token + 1 when that is not
- * smaller: it grows strictly with every acquisition in the slot, across releases and expiries, and
- * stays above tokens issued before a restart that lost the counter as long as the clock has moved
- * on. Redis >= 5 replicates the script's effects, so calling TIME before writing is allowed.
  */
 export const ACQUIRE_SCRIPT = new LuaScript(
   'acquire',
   `
-local key, owner, waiter = KEYS[1], ARGV[1], ARGV[3]
+local key, fence, owner, waiter = KEYS[1], KEYS[2], ARGV[1], ARGV[3]
 local line, deadlines = KEYS[3], KEYS[4]
 local free = redis.call('exists', key) == 0
 local now = redis.call('time')
@@ -63,8 +59,17 @@ local function take_place()
 end
 -- pcall: a key of another type answers WRONGTYPE, which means held by someone else
 if not free and redis.pcall('hexists', key, owner) ~= 1 then
-  if waiter ~= '' then take_place() end
-  return {0, redis.call('pttl', key)}
+  if waiter ~= '' then
+    ${FIND_GRANT_LUA}
+    if grant_field then
+      redis.call('hdel', key, grant_field)
+      redis.call('hset', key, owner, 1)
+      redis.call('pexpire', key, ARGV[2])
+      return {1, tonumber(string.sub(grant_field, #waiter + 2))}
+    end
+    take_place()
+  end
+  return {0, redis.call('pttl', key), tonumber(redis.call('get', fence)) or 0}
 end
 if free and redis.call('exists', line) == 1 then
   local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -72,29 +77,18 @@ if free and redis.call('exists', line) == 1 then
   local head = redis.call('zrange', line, 0, 0)[1]
   if head and head ~= waiter then
     if waiter ~= '' then take_place() end
-    if tonumber(redis.call('zscore', deadlines, head)) > ms + tonumber(ARGV[7]) then
-      do
-        local message, sharded, grant = ARGV[6], ARGV[5], tonumber(ARGV[7])
-        ${ANNOUNCE_LUA}
-      end
+    do
+      local message, sharded, grant = ARGV[6], ARGV[5], tonumber(ARGV[7])
+      ${GRANT_LUA}
     end
-    return {0, -3}
+    return {0, -3, tonumber(redis.call('get', fence)) or 0}
   end
   if head then
     redis.call('zrem', line, waiter)
     redis.call('zrem', deadlines, waiter)
-    if redis.call('exists', line) == 1 then
-      local taken = 'taken::' .. waiter
-      if ARGV[5] ~= '1' or type(redis.pcall('spublish', key, taken)) ~= 'number' then
-        redis.call('publish', key, taken)
-      end
-    end
   end
 end
-local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local last = tonumber(redis.call('get', KEYS[2]))
-if last and last >= token then token = last + 1 end
-redis.call('set', KEYS[2], string.format('%.0f', token))
+${NEXT_TOKEN_LUA}
 if free then
   redis.call('hset', key, owner, 1)
   redis.call('pexpire', key, ARGV[2])

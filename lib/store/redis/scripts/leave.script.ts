@@ -1,31 +1,40 @@
-import { ANNOUNCE_LUA } from './announce.lua';
+import { DROP_LAPSED_LUA, FIND_GRANT_LUA, GRANT_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
  * leave: a waiter gives up its place in a lock's line (it timed out, was aborted, or shut down).
- * When the lock is free and others still wait, the new head is told at once, instead of waiting
- * for the place of the one who left to lapse.
+ * A grant to it that it has not taken up is dropped. When the lock is then free and others still
+ * wait, it goes to the new head at once, instead of after the place of the one who left lapses.
  *
  * KEYS[1]  the lock hash (the announcement's channel)
- * KEYS[2]  the lock's line, KEYS[3] its deadlines (see acquire.script.ts)
+ * KEYS[2]  the fencing counter of its hash slot
+ * KEYS[3]  the lock's line, KEYS[4] its deadlines (see acquire.script.ts)
  * ARGV[1]  waiter id
  * ARGV[2]  the message to announce with (the store's id and a sequence number)
  * ARGV[3]  '1' on a Cluster: SPUBLISH (see release.script.ts)
- * ARGV[4]  ms the new head has to take the lock before its place lapses
+ * ARGV[4]  ms a grant to the new head lasts before it takes it up (see line.lua.ts)
  *
  * Returns 1 when the lock was free and an announcement went out, 0 otherwise. Safe to run twice.
  */
 export const LEAVE_SCRIPT = new LuaScript(
   'leave',
   `
-local key, line, deadlines = KEYS[1], KEYS[2], KEYS[3]
+local key, fence, line, deadlines, waiter = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
 local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
-redis.call('zrem', line, ARGV[1])
-redis.call('zrem', deadlines, ARGV[1])
-if redis.call('exists', line) == 0 or redis.call('exists', key) == 1 then
+redis.call('zrem', line, waiter)
+redis.call('zrem', deadlines, waiter)
+${FIND_GRANT_LUA}
+if grant_field then
+  redis.call('del', key)
+elseif redis.call('exists', line) == 0 or redis.call('exists', key) == 1 then
   return 0
 end
-${ANNOUNCE_LUA}
+if redis.call('exists', line) == 1 then
+  local now = redis.call('time')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  ${DROP_LAPSED_LUA}
+end
+${GRANT_LUA}
 return 1
 `,
 );

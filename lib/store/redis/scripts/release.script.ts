@@ -1,23 +1,24 @@
-import { ANNOUNCE_LUA } from './announce.lua';
+import { DROP_LAPSED_LUA, GRANT_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
- * release: drop the caller's hold on its lock, and announce that the lock is free.
+ * release: drop the caller's hold on its lock, hand the lock to the head of its line if anyone
+ * waits there, and announce it.
  *
  * KEYS[1]  the lock hash; also the pub/sub channel that waiters for it listen on
- * KEYS[2]  the lock's line, KEYS[3] its deadlines (see acquire.script.ts)
+ * KEYS[2]  the fencing counter of its hash slot
+ * KEYS[3]  the lock's line, KEYS[4] its deadlines (see acquire.script.ts)
  * ARGV[1]  owner id
  * ARGV[2]  the message to publish when the key is deleted: the releasing store's id and the
  *          release's sequence number, so that it can tell its own announcements from others'
  * ARGV[3]  '1' on a Cluster: announce with SPUBLISH, in the key's shard, where its waiters listen;
  *          servers without sharded pub/sub (Redis < 7) fall back to PUBLISH
- * ARGV[4]  ms the head of the line has to take the lock before its place lapses
+ * ARGV[4]  ms a grant to the head lasts before the head takes it up (see line.lua.ts)
  *
- * The announcement names the head of the line and the one after it (see announce.lua.ts).
- *
- * Returns 0 when the caller does not hold the lock (nothing changed), {1, head, second} when the
- * key was deleted and the release announced: head and second name the first two waiters in the
- * line ('' when there are fewer).
+ * Returns 0 when the caller does not hold the lock (nothing changed), {1, head, second, token}
+ * when the key was deleted and the release announced: head and second name the first two
+ * waiters in the line ('' when there are fewer); token is the fencing token of the grant to the
+ * head ('' when nobody waits).
  *
  * Idempotent: a re-sent copy finds the owner gone and changes nothing (it answers 0; the store
  * tells that apart from a lock lost before its release, see RedisLockStore.release). The hold
@@ -26,14 +27,19 @@ import { LuaScript } from './lua-script';
 export const RELEASE_SCRIPT = new LuaScript(
   'release',
   `
-local key, line, deadlines = KEYS[1], KEYS[2], KEYS[3]
+local key, fence, line, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
 -- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here, not a failure
 if redis.pcall('hexists', key, ARGV[1]) ~= 1 then
   return 0
 end
 redis.call('del', key)
-${ANNOUNCE_LUA}
-return {1, head, second}
+if redis.call('exists', line) == 1 then
+  local now = redis.call('time')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  ${DROP_LAPSED_LUA}
+end
+${GRANT_LUA}
+return {1, head, second, granted}
 `,
 );

@@ -1,3 +1,4 @@
+import { RAISE_UNLESS_WRONGTYPE_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -9,6 +10,10 @@ import { LuaScript } from './lua-script';
  *
  * Returns one number per key, in order: 1 when renewed (its lease is at least ARGV[2i] afterwards,
  * never shortened), 0 when the key is gone, holds another owner, or is not a hash.
+ *
+ * A lock granted by a release to the head of its line (value 0, see line.lua.ts) is taken up by
+ * its first renewal: the value becomes 1, so that a later attempt from the head's line cannot
+ * take it up a second time.
  */
 export const RENEW_SCRIPT = new LuaScript(
   'renew',
@@ -17,7 +22,10 @@ local renewed = {}
 for i, key in ipairs(KEYS) do
   local owner, lease = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
   -- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here
-  if redis.pcall('hexists', key, owner) == 1 then
+  local held = redis.pcall('hget', key, owner)
+  ${RAISE_UNLESS_WRONGTYPE_LUA('held')}
+  if held then
+    if held == '0' then redis.call('hset', key, owner, 1) end
     if redis.call('pttl', key) < lease then
       redis.call('pexpire', key, lease)
     end
