@@ -78,7 +78,7 @@ if free and redis.call('exists', line) == 1 then
   if head and head ~= waiter then
     if waiter ~= '' then take_place() end
     do
-      local message, sharded, grant = ARGV[6], ARGV[5], tonumber(ARGV[7])
+      local message, sharded, grant, waiting = ARGV[6], ARGV[5], tonumber(ARGV[7]), true
       ${GRANT_LUA}
     end
     return {0, -3, tonumber(redis.call('get', fence)) or 0}

@@ -24,12 +24,13 @@ local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
 redis.call('zrem', line, waiter)
 redis.call('zrem', deadlines, waiter)
 ${FIND_GRANT_LUA}
+local waiting = redis.call('exists', line) == 1
 if grant_field then
   redis.call('del', key)
-elseif redis.call('exists', line) == 0 or redis.call('exists', key) == 1 then
+elseif not waiting or redis.call('exists', key) == 1 then
   return 0
 end
-if redis.call('exists', line) == 1 then
+if waiting then
   local now = redis.call('time')
   local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   ${DROP_LAPSED_LUA}

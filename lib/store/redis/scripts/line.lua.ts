@@ -43,9 +43,10 @@ redis.call('set', fence, string.format('%.0f', token))
  * and announce that.
  *
  * Expects `key` (the lock, also the channel), `fence` (its slot's fencing counter), `line`,
- * `deadlines` (see acquire.script.ts; lapsed places already dropped), `message` (the announcing
- * store's id and sequence), `sharded` ('1': SPUBLISH) and `grant` (ms the head has to take up the
- * lock) as locals. Sets `head`, `second` and `granted`.
+ * `deadlines` (see acquire.script.ts; lapsed places already dropped), `waiting` (whether the line
+ * existed: no line, no lookup), `message` (the announcing store's id and sequence), `sharded`
+ * ('1': SPUBLISH) and `grant` (ms the head has to take up the lock) as locals. Sets `head`,
+ * `second` and `granted`.
  *
  * With someone in the line, the lock is granted to its head: the hash gets the field
  * `<head>:<token>` (the head's owner id for this grant, unique because the token is) with the
@@ -58,7 +59,7 @@ redis.call('set', fence, string.format('%.0f', token))
  */
 export const GRANT_LUA = `
 local head, second, granted = '', '', ''
-local first = redis.call('zrange', line, 0, 1)
+local first = waiting and redis.call('zrange', line, 0, 1) or {}
 if first[1] then
   head, second = first[1], first[2] or ''
   local now = redis.call('time')

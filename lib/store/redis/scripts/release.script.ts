@@ -34,7 +34,8 @@ if redis.pcall('hexists', key, ARGV[1]) ~= 1 then
   return 0
 end
 redis.call('del', key)
-if redis.call('exists', line) == 1 then
+local waiting = redis.call('exists', line) == 1
+if waiting then
   local now = redis.call('time')
   local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   ${DROP_LAPSED_LUA}
