@@ -5,7 +5,8 @@
  */
 import type { CellRun } from './scenarios/cell-run';
 import { describeError } from './scenarios/cell-run';
-import type { ChildMessage, ParentMessage } from './support/protocol';
+import type { ChildMessage, ParentMessage, Scenario } from './support/protocol';
+import { serverUrl } from './support/redis';
 
 const HARD_LIMIT_MS = 10 * 60_000;
 
@@ -25,15 +26,15 @@ let run: CellRun | undefined;
 
 async function onMessage(message: ParentMessage): Promise<void> {
   if (message.type === 'setup') {
-    const { spec, rank, redisUrl } = message;
-    const scenarios = {
-      uncontended: async () => (await import('./scenarios/uncontended.js')).setupUncontended,
-      contended: async () => (await import('./scenarios/contended.js')).setupContended,
-      renewal: async () => (await import('./scenarios/renewal.js')).setupRenewal,
-      http: async () => (await import('./scenarios/http.js')).setupHttp,
+    const { spec, rank, redis } = message;
+    // Uncontended and contended also run on the Cluster; renewal and http on the single server only.
+    const scenarios: Record<Scenario, () => Promise<CellRun>> = {
+      uncontended: async () => (await import('./scenarios/uncontended.js')).setupUncontended(spec, rank, redis),
+      contended: async () => (await import('./scenarios/contended.js')).setupContended(spec, rank, redis),
+      renewal: async () => (await import('./scenarios/renewal.js')).setupRenewal(spec, rank, serverUrl(redis)),
+      http: async () => (await import('./scenarios/http.js')).setupHttp(spec, rank, serverUrl(redis)),
     };
-    const setup = await scenarios[spec.group]();
-    run = await setup(spec, rank, redisUrl);
+    run = await scenarios[spec.scenario]();
     await send({ type: 'ready' });
   } else if (message.type === 'go') {
     if (!run) throw new Error('"go" before "setup"');

@@ -1,4 +1,4 @@
-import type { CellSpec, ContenderId, Group } from './support/protocol';
+import type { CellSpec, ContenderId, Group, Scenario } from './support/protocol';
 
 export interface Timing {
   readonly warmupMs: number;
@@ -8,7 +8,8 @@ export interface Timing {
 export interface Profile {
   readonly name: 'full' | 'quick';
   readonly repeats: number;
-  readonly timing: Record<Group, Timing>;
+  /** Per scenario (the cluster group's cells take the windows of their scenario). */
+  readonly timing: Record<Scenario, Timing>;
 }
 
 export const FULL: Profile = {
@@ -35,8 +36,8 @@ export const QUICK: Profile = {
   },
 };
 
-/** The baseline each cell's ratios are taken against (same group, same parameters). */
-export const BASELINE: Record<Group, ContenderId> = {
+/** The baseline each cell's ratios are taken against (same group, scenario and parameters). */
+export const BASELINE: Record<Scenario, ContenderId> = {
   uncontended: 'raw',
   contended: 'raw-poll-1ms',
   renewal: 'redis-semaphore',
@@ -55,6 +56,10 @@ export const CONTENDED_LAYOUTS = [
 ] as const;
 export const RENEWAL_LOCKS = [1_000, 10_000] as const;
 export const HTTP_CONNECTIONS = 10;
+/** The cluster group: the same scenarios on a 3-master Redis Cluster, against raw on that Cluster. */
+export const CLUSTER_UNCONTENDED: readonly ContenderId[] = ['raw', 'dislock-service', 'dislock-decorator'];
+export const CLUSTER_CONTENDED: readonly ContenderId[] = ['raw-poll-1ms', 'dislock-service'];
+export const CLUSTER_CONTENDED_LAYOUT = [4, 4] as const;
 
 const LOCKERS: readonly ContenderId[] = ['dislock-service', 'dislock-decorator', 'redlock', 'redis-semaphore'];
 
@@ -62,6 +67,7 @@ function cell(group: Group, contender: ContenderId, name: string, timing: Timing
   return {
     id: `${group}/${contender}${name ? `/${name}` : ''}`,
     group,
+    scenario: group === 'cluster' ? 'uncontended' : group, // the cluster group's cells name theirs in `rest`
     contender,
     processes: 1,
     workers: 1,
@@ -104,10 +110,34 @@ export function plan(profile: Profile): CellSpec[] {
   for (const contender of ['no-lock', 'dislock-service', 'dislock-decorator'] as const) {
     cells.push(cell('http', contender, '', timing.http, { workers: HTTP_CONNECTIONS }));
   }
+  for (const concurrency of UNCONTENDED_CONCURRENCY) {
+    for (const contender of CLUSTER_UNCONTENDED) {
+      cells.push(
+        cell('cluster', contender, `c${concurrency}`, timing.uncontended, {
+          scenario: 'uncontended',
+          workers: concurrency,
+        }),
+      );
+    }
+  }
+  const [processes, workers] = CLUSTER_CONTENDED_LAYOUT;
+  for (const thinkMs of CONTENDED_THINK_MS) {
+    for (const contender of CLUSTER_CONTENDED) {
+      cells.push(
+        cell('cluster', contender, `${processes}x${workers}/think${thinkMs}`, timing.contended, {
+          scenario: 'contended',
+          processes,
+          workers,
+          holdMs: CONTENDED_HOLD_MS,
+          thinkMs,
+        }),
+      );
+    }
+  }
   return cells;
 }
 
 /** The id of the baseline cell for `spec` (itself when it is the baseline). */
 export function baselineId(spec: CellSpec): string {
-  return spec.id.replace(`${spec.group}/${spec.contender}`, `${spec.group}/${BASELINE[spec.group]}`);
+  return spec.id.replace(`${spec.group}/${spec.contender}`, `${spec.group}/${BASELINE[spec.scenario]}`);
 }

@@ -1,5 +1,5 @@
 import { BASELINE, baselineId } from './plan';
-import type { CellSpec, Group, Metrics } from './support/protocol';
+import type { CellSpec, Metrics, Scenario } from './support/protocol';
 
 /** One cell over all its repeats. */
 export interface Outcome {
@@ -24,10 +24,12 @@ export interface Meta {
   readonly os: string;
   readonly node: string;
   readonly redis: string;
+  /** The cluster group's Redis Cluster, when the run had one. */
+  readonly cluster?: string;
   readonly nestjsDislock: string;
   readonly gitCommit: string;
   readonly gitDirty: string;
-  readonly timing: Record<Group, { warmupMs: number; measureMs: number }>;
+  readonly timing: Record<Scenario, { warmupMs: number; measureMs: number }>;
   /** 1-minute load average when the run started and ended: other work on the machine skews everything. */
   readonly loadAtStart: number;
   readonly loadAtEnd: number;
@@ -74,7 +76,17 @@ function failedNote(outcome: Outcome): string {
       : '';
 }
 
-function uncontendedTable(outcomes: readonly Outcome[], index: Map<string, Outcome>): Table {
+/** The cluster group's tables: the single-server table's columns, then the slot spread and redirections. */
+function clusterColumns(m: Metrics): string[] {
+  return [fmt(m.busiestMasterPct, 0), fmt(m.redirections, 0)];
+}
+
+const CLUSTER_HEADER = ['busiest master %', 'MOVED/ASK'];
+
+const CLUSTER_NOTE =
+  'busiest master: its share of the Redis calls (INFO commandstats summed over the 3 masters; 33% = even). MOVED/ASK: redirections the masters answered in the window (INFO errorstats).';
+
+function uncontendedTable(outcomes: readonly Outcome[], index: Map<string, Outcome>, cluster = false): Table {
   const rows = outcomes.map((outcome) => {
     const m = outcome.median;
     const base = index.get(baselineId(outcome.spec))?.median;
@@ -91,15 +103,25 @@ function uncontendedTable(outcomes: readonly Outcome[], index: Map<string, Outco
       fmt(m.roundTripsPerCycle),
       fmt(m.redisCallsPerCycle),
       fmt((m.failures ?? 0) + (m.errors ?? 0), 0),
+      ...(cluster ? clusterColumns(m) : []),
     ];
   });
   return {
-    title: 'Uncontended: acquire + release on distinct keys',
-    notes: [
-      'One process; `conc` loops at once, each on its own key. Ratios: to the raw ioredis ceiling (EVALSHA SET NX PX + EVALSHA compare-and-delete) at the same concurrency.',
-      'Fixed 10 s lease everywhere: dislock `expire: 10000`, redlock `retryCount: 0`, redis-semaphore `lockTimeout: 10000, refreshInterval: 0` (refresh disabled).',
-      'CPU = Node process CPU (user+sys) per cycle; round trips = commands sent by the client; Redis calls = INFO commandstats delta, commands inside Lua scripts included.',
-    ],
+    title: cluster
+      ? 'Cluster, uncontended: acquire + release on distinct keys, Redis Cluster of 3 masters'
+      : 'Uncontended: acquire + release on distinct keys',
+    notes: cluster
+      ? [
+          'One process, an ioredis `Cluster` client; `conc` loops at once, each on its own key, the keys hash-tagged to evenly spaced slots (64 loops: 21, 22 and 21 per master; 1 loop: the middle master). Ratios: to raw on the same Cluster (EVALSHA SET NX PX + EVALSHA compare-and-delete, scripts loaded on every master) at the same concurrency.',
+          'dislock: `DisLockModule.forRoot({ redis: cluster })`, `expire: 10000` (service: lock()+release(); decorator: @DisLock method).',
+          'CPU = Node process CPU per cycle; round trips = commands the client sent on its node connections (redirections included); Redis calls = INFO commandstats deltas summed over the masters, commands inside Lua scripts included.',
+          CLUSTER_NOTE,
+        ]
+      : [
+          'One process; `conc` loops at once, each on its own key. Ratios: to the raw ioredis ceiling (EVALSHA SET NX PX + EVALSHA compare-and-delete) at the same concurrency.',
+          'Fixed 10 s lease everywhere: dislock `expire: 10000`, redlock `retryCount: 0`, redis-semaphore `lockTimeout: 10000, refreshInterval: 0` (refresh disabled).',
+          'CPU = Node process CPU (user+sys) per cycle; round trips = commands sent by the client; Redis calls = INFO commandstats delta, commands inside Lua scripts included.',
+        ],
     header: [
       'contender',
       'conc',
@@ -113,12 +135,13 @@ function uncontendedTable(outcomes: readonly Outcome[], index: Map<string, Outco
       'round trips/cycle',
       'Redis calls/cycle',
       'fail',
+      ...(cluster ? CLUSTER_HEADER : []),
     ],
     rows,
   };
 }
 
-function contendedTable(outcomes: readonly Outcome[], index: Map<string, Outcome>): Table {
+function contendedTable(outcomes: readonly Outcome[], index: Map<string, Outcome>, cluster = false): Table {
   const rows = outcomes.map((outcome) => {
     const m = outcome.median;
     const base = index.get(baselineId(outcome.spec))?.median;
@@ -139,15 +162,25 @@ function contendedTable(outcomes: readonly Outcome[], index: Map<string, Outcome
       fmt(m.nodeCpuUsPerCs),
       fmt(m.failures, 0),
       fmt((m.overlaps ?? 0) + (m.errors ?? 0), 0),
+      ...(cluster ? clusterColumns(m) : []),
     ];
   });
   return {
-    title: 'Contended: 16 workers on one key, 1 ms hold',
-    notes: [
-      'Layout: processes x workers per process. think: ms a worker pauses after its release. Ratios: to the raw poll-every-1-ms baseline of the same layout and think time.',
-      'handover: from the end of one critical section (release about to be sent) to the start of the next one, by anyone. re-taken: share of handovers to the worker that just released. longest wait: longest time one worker waited for one turn. Jain: fairness of per-worker counts (1 = equal).',
-      'dislock: `expire: 10000, waitTime: 10000` (service: lock()+release(); decorator: @DisLock method). redlock: defaults (retryCount 10, retryDelay 200 +-100 ms). redis-semaphore: defaults (retryInterval 10 ms). fail: waits that ran out (then retried); bad: overlapping critical sections + errors (must be 0).',
-    ],
+    title: cluster
+      ? 'Cluster, contended: 16 workers on one key, 1 ms hold, Redis Cluster of 3 masters'
+      : 'Contended: 16 workers on one key, 1 ms hold',
+    notes: cluster
+      ? [
+          'Layout: processes x workers per process, each process with its own ioredis `Cluster` client. think: ms a worker pauses after its release. Ratios: to raw on the same Cluster (SET NX PX, poll every 1 ms, EVALSHA compare-and-delete) of the same layout and think time.',
+          'handover, re-taken, longest wait, Jain: as on the single server. dislock: `DisLockModule.forRoot({ redis: cluster })`, `expire: 10000, waitTime: 10000` (waiters listen with sharded pub/sub on the master of the key). fail: waits that ran out; bad: overlaps + errors (must be 0).',
+          'One key: every call goes to the master of its slot, and busiest master shows it (about 100%).',
+          CLUSTER_NOTE,
+        ]
+      : [
+          'Layout: processes x workers per process. think: ms a worker pauses after its release. Ratios: to the raw poll-every-1-ms baseline of the same layout and think time.',
+          'handover: from the end of one critical section (release about to be sent) to the start of the next one, by anyone. re-taken: share of handovers to the worker that just released. longest wait: longest time one worker waited for one turn. Jain: fairness of per-worker counts (1 = equal).',
+          'dislock: `expire: 10000, waitTime: 10000` (service: lock()+release(); decorator: @DisLock method). redlock: defaults (retryCount 10, retryDelay 200 +-100 ms). redis-semaphore: defaults (retryInterval 10 ms). fail: waits that ran out (then retried); bad: overlapping critical sections + errors (must be 0).',
+        ],
     header: [
       'contender',
       'layout',
@@ -165,6 +198,7 @@ function contendedTable(outcomes: readonly Outcome[], index: Map<string, Outcome
       'CPU us/CS',
       'fail',
       'bad',
+      ...(cluster ? CLUSTER_HEADER : []),
     ],
     rows,
   };
@@ -262,12 +296,15 @@ function httpTable(outcomes: readonly Outcome[], index: Map<string, Outcome>): T
 
 export function tables(outcomes: readonly Outcome[]): Table[] {
   const index = byId(outcomes);
-  const of = (group: Group): Outcome[] => outcomes.filter((outcome) => outcome.spec.group === group);
+  const of = (scenario: Scenario, cluster = false): Outcome[] =>
+    outcomes.filter((outcome) => outcome.spec.scenario === scenario && (outcome.spec.group === 'cluster') === cluster);
   const result: Table[] = [];
   if (of('uncontended').length > 0) result.push(uncontendedTable(of('uncontended'), index));
   if (of('contended').length > 0) result.push(contendedTable(of('contended'), index));
   if (of('renewal').length > 0) result.push(renewalTable(of('renewal'), index));
   if (of('http').length > 0) result.push(httpTable(of('http'), index));
+  if (of('uncontended', true).length > 0) result.push(uncontendedTable(of('uncontended', true), index, true));
+  if (of('contended', true).length > 0) result.push(contendedTable(of('contended', true), index, true));
   return result;
 }
 
@@ -299,6 +336,7 @@ export function renderMarkdown(allTables: readonly Table[], meta: Meta): string 
     `| OS | ${meta.os} |`,
     `| Node.js | ${meta.node} |`,
     `| redis-server | ${meta.redis} (own instance on loopback, no persistence) |`,
+    ...(meta.cluster ? [`| Redis Cluster | ${meta.cluster} (own, loopback, no persistence) |`] : []),
     `| load average | ${meta.loadAtStart.toFixed(2)} at start, ${meta.loadAtEnd.toFixed(2)} at end${meta.loadAtStart > meta.cores / 2 || meta.loadAtEnd > meta.cores / 2 ? ' (**busy machine: other work skewed these numbers**)' : ''} |`,
     `| nestjs-dislock | ${meta.nestjsDislock}, commit ${meta.gitCommit}${meta.gitDirty ? ` (uncommitted changes in ${meta.gitDirty})` : ''} |`,
     '',
@@ -334,16 +372,22 @@ interface Bar {
 export function renderSvg(outcomes: readonly Outcome[], meta: Meta): string {
   const index = byId(outcomes);
   const panels: { title: string; bars: Bar[] }[] = [];
-  const add = (group: Group, title: string, metric: string, label: (spec: CellSpec) => string): void => {
+  const add = (
+    group: string,
+    title: string,
+    metric: string,
+    label: (spec: CellSpec) => string,
+    scenario?: Scenario,
+  ): void => {
     const bars = outcomes
-      .filter((outcome) => outcome.spec.group === group)
+      .filter((outcome) => outcome.spec.group === group && (!scenario || outcome.spec.scenario === scenario))
       .map((outcome) => {
         const base = index.get(baselineId(outcome.spec))?.median[metric];
         const value = outcome.median[metric];
         return {
           label: label(outcome.spec),
           value: base && Number.isFinite(value) ? value / base : NaN,
-          baseline: outcome.spec.contender === BASELINE[group],
+          baseline: outcome.spec.contender === BASELINE[outcome.spec.scenario],
         };
       });
     if (bars.length > 0) panels.push({ title, bars });
@@ -364,6 +408,20 @@ export function renderSvg(outcomes: readonly Outcome[], meta: Meta): string {
     return `${s.contender} ${s.locks}`;
   });
   add('http', 'HTTP req/s, x LockService.withLock', 'reqPerSec', (s) => s.contender);
+  add(
+    'cluster',
+    'Cluster (3 masters) uncontended cycles/s, x raw on the Cluster',
+    'cyclesPerSec',
+    (s) => `${s.contender} c${s.workers}`,
+    'uncontended',
+  );
+  add(
+    'cluster',
+    'Cluster (3 masters) contended critical sections/s, x poll-every-1-ms on the Cluster',
+    'csPerSec',
+    (s) => `${s.contender} ${s.processes}x${s.workers} think ${s.thinkMs}`,
+    'contended',
+  );
 
   const width = 900;
   const labelWidth = 300;

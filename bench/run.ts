@@ -1,8 +1,9 @@
 /**
  * `npm run bench`: nestjs-dislock against redlock, redis-semaphore and raw ioredis baselines,
- * through public APIs only. Starts its own redis-server, runs every cell of the matrix in fresh
- * child processes (bench/dist/cell.js), several repeats, and reports medians with ratios to the
- * baseline measured in the same run. `--help` for the flags.
+ * through public APIs only. Starts its own redis-server (and, for the cluster group, its own
+ * 3-master Redis Cluster), runs every cell of the matrix in fresh child processes
+ * (bench/dist/cell.js), several repeats, and reports medians with ratios to the baseline measured
+ * in the same run. `--help` for the flags.
  */
 import { type ChildProcess, execFileSync, fork, spawnSync } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -17,6 +18,7 @@ import { type RenewalPart, renewalMetrics } from './scenarios/renewal';
 import { type UncontendedPart, uncontendedMetrics } from './scenarios/uncontended';
 import { type Meta, type Outcome, renderMarkdown, renderSvg, renderText, tables } from './report';
 import { hr, sleep } from './support/clock';
+import { OwnCluster, SLOT_RANGES, slotTag } from './support/cluster';
 import {
   type CellSpec,
   type ChildMessage,
@@ -24,14 +26,15 @@ import {
   type Group,
   type Metrics,
   type ParentMessage,
+  type RedisTarget,
 } from './support/protocol';
-import { OwnRedis, plainClient, ready, redisServerOnPath, redisVersion } from './support/redis';
+import { adminClients, OwnRedis, plainClient, ready, redisServerOnPath, redisVersion } from './support/redis';
 import { median } from './support/stats';
 
 const HELP = `npm run bench [-- flags]          (builds the library and the benchmark first)
 node bench/dist/run.js [flags]     (after a build)
 
-  --quick              1 repeat, short windows (about 3 minutes)
+  --quick              1 repeat, short windows (about 3.5 minutes)
   --only <groups>      comma-separated: ${GROUPS.join(', ')}
   --contenders <list>  comma-separated contender names (their baselines are added), e.g. dislock-service
   --repeats <n>        repeats per cell (default 3, --quick 1)
@@ -50,18 +53,21 @@ const EXIT_GRACE_MS = 10_000;
 
 const live = new Set<ChildProcess>();
 let redis: OwnRedis | undefined;
+let cluster: OwnCluster | undefined;
 
 function killEverything(): void {
   for (const child of live) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
   live.clear();
   redis?.killNow();
   redis = undefined;
+  cluster?.killNow();
+  cluster = undefined;
 }
 
 process.on('exit', killEverything);
 for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
   process.once(signal, () => {
-    console.error(`\n${signal}: stopping every child process and redis-server`);
+    console.error(`\n${signal}: stopping every child process, redis-server and the Redis Cluster`);
     killEverything();
     process.exit(130);
   });
@@ -161,7 +167,7 @@ async function reap(child: ChildProcess): Promise<void> {
 }
 
 /** One repeat of one cell: its processes start, set up, go at the same instant, report, exit. */
-async function runCell(spec: CellSpec, redisUrl: string): Promise<{ parts: unknown[]; setupMs: number }> {
+async function runCell(spec: CellSpec, target: RedisTarget): Promise<{ parts: unknown[]; setupMs: number }> {
   const started = hr();
   const children = Array.from({ length: spec.processes }, () => {
     const output: string[] = [];
@@ -177,7 +183,9 @@ async function runCell(spec: CellSpec, redisUrl: string): Promise<{ parts: unkno
   });
   try {
     const readies = children.map(({ child, output }) => waitFor(child, 'ready', SETUP_TIMEOUT_MS, output));
-    children.forEach(({ child }, rank) => child.send({ type: 'setup', spec, rank, redisUrl } satisfies ParentMessage));
+    children.forEach(({ child }, rank) =>
+      child.send({ type: 'setup', spec, rank, redis: target } satisfies ParentMessage),
+    );
     await Promise.all(readies);
     const setupMs = hr() - started;
     const results = children.map(({ child, output }) =>
@@ -197,7 +205,7 @@ async function runCell(spec: CellSpec, redisUrl: string): Promise<{ parts: unkno
 }
 
 function metricsOf(spec: CellSpec, parts: unknown[]): Metrics {
-  switch (spec.group) {
+  switch (spec.scenario) {
     case 'uncontended':
       return uncontendedMetrics(parts as UncontendedPart[]);
     case 'contended':
@@ -210,7 +218,7 @@ function metricsOf(spec: CellSpec, parts: unknown[]): Metrics {
 }
 
 function headline(spec: CellSpec, m: Metrics): string {
-  switch (spec.group) {
+  switch (spec.scenario) {
     case 'uncontended':
       return `${Math.round(m.cyclesPerSec)} cycles/s, p99 ${Math.round(m.p99Us)} us`;
     case 'contended':
@@ -222,15 +230,28 @@ function headline(spec: CellSpec, m: Metrics): string {
   }
 }
 
-/** A second of traffic on the fresh server, so that the first cell does not pay for Redis's own start. */
-async function warmRedis(admin: Redis): Promise<void> {
+/**
+ * A second of traffic on the fresh server (or on each master of the Cluster, on keys of its own
+ * slots), so that the first cell does not pay for Redis's own start.
+ */
+async function warmRedis(admins: readonly Redis[]): Promise<void> {
   const until = hr() + 1_000;
-  for (let round = 0; round < 1_000 && hr() < until; round += 1) {
-    const pipeline = admin.pipeline();
-    for (let i = 0; i < 100; i += 1) pipeline.set(`warm:${i}`, String(round), 'PX', 1_000).get(`warm:${i}`);
-    await pipeline.exec();
-  }
-  await admin.flushall();
+  await Promise.all(
+    admins.map(async (admin, node) => {
+      const prefix = admins.length > 1 ? `warm:{${slotTag(SLOT_RANGES[node][0])}}:` : 'warm:';
+      for (let round = 0; round < 1_000 && hr() < until; round += 1) {
+        const pipeline = admin.pipeline();
+        for (let i = 0; i < 100; i += 1) pipeline.set(`${prefix}${i}`, String(round), 'PX', 1_000).get(`${prefix}${i}`);
+        await pipeline.exec();
+      }
+    }),
+  );
+  await flushAll(admins);
+}
+
+/** FLUSHALL on the server, or on every master of the Cluster. */
+async function flushAll(admins: readonly Redis[]): Promise<void> {
+  await Promise.all(admins.map((admin) => admin.flushall()));
 }
 
 function git(args: string[]): string {
@@ -257,9 +278,24 @@ async function main(): Promise<void> {
 
   const startedAt = new Date();
   const started = hr();
-  redis = await OwnRedis.start();
-  const admin = plainClient(redis.url, 'bench-orchestrator');
-  await ready(admin);
+  // The single server for the groups that run there, the Cluster for the cluster group; each only if needed.
+  let serverTarget: RedisTarget | undefined;
+  let serverAdmin: Redis[] = [];
+  if (cells.some((spec) => spec.group !== 'cluster')) {
+    redis = await OwnRedis.start();
+    serverTarget = { kind: 'server', url: redis.url };
+    serverAdmin = [plainClient(redis.url, 'bench-orchestrator')];
+  }
+  let clusterTarget: RedisTarget | undefined;
+  let clusterAdmin: Redis[] = [];
+  if (cells.some((spec) => spec.group === 'cluster')) {
+    cluster = new OwnCluster(); // held before it starts: Ctrl-C while it builds kills it too
+    await cluster.start();
+    clusterTarget = { kind: 'cluster', seeds: cluster.seeds };
+    clusterAdmin = adminClients(clusterTarget, 'bench-orchestrator');
+  }
+  const allAdmins = [...serverAdmin, ...clusterAdmin];
+  await Promise.all(allAdmins.map((admin) => ready(admin)));
   const meta: Omit<Meta, 'durationS' | 'loadAtEnd'> = {
     label: opts.label,
     profile: opts.profile.name,
@@ -270,16 +306,21 @@ async function main(): Promise<void> {
     memoryGb: Math.round(totalmem() / 2 ** 30),
     os: `${osType()} ${release()}`,
     node: process.version,
-    redis: await redisVersion(admin),
+    redis: await redisVersion(allAdmins[0]),
+    cluster: cluster ? `3 masters (ports ${cluster.ports.join(', ')}), no replicas` : undefined,
     nestjsDislock: (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version,
     gitCommit: git(['rev-parse', '--short', 'HEAD']) || 'unknown',
     gitDirty: git(['status', '--porcelain', '--', 'lib']) ? 'lib/' : '',
     timing: opts.profile.timing,
     loadAtStart: loadavg()[0],
   };
+  const servers = [
+    ...(redis ? [`on ${redis.url}`] : []),
+    ...(cluster ? [`a Cluster of 3 masters on ports ${cluster.ports.join(', ')}`] : []),
+  ];
   console.log(
     `nestjs-dislock benchmark (${opts.profile.name}): ${cells.length} cells x ${opts.repeats} repeat(s); ` +
-      `redis-server ${meta.redis} on ${redis.url}; ${meta.cpuModel.trim()}, ${meta.cores} cores, Node ${meta.node}`,
+      `redis-server ${meta.redis} ${servers.join(' and ')}; ${meta.cpuModel.trim()}, ${meta.cores} cores, Node ${meta.node}`,
   );
   if (meta.loadAtStart > meta.cores / 2) {
     console.log(
@@ -287,7 +328,7 @@ async function main(): Promise<void> {
     );
   }
 
-  await warmRedis(admin);
+  await Promise.all([serverAdmin, clusterAdmin].filter((admins) => admins.length > 0).map(warmRedis));
 
   const runs = new Map<string, { spec: CellSpec; runs: Metrics[]; failures: string[] }>(
     cells.map((spec) => [spec.id, { spec, runs: [], failures: [] }]),
@@ -298,12 +339,13 @@ async function main(): Promise<void> {
     for (const spec of cells) {
       done += 1;
       const prefix = `[${String(done).padStart(String(total).length)}/${total}] ${spec.id} #${repeat}`;
-      await admin.flushall();
+      const onCluster = spec.group === 'cluster';
+      await flushAll(onCluster ? clusterAdmin : serverAdmin);
       await sleep(100); // let Redis settle after the flush
       const cellStart = hr();
       const entry = runs.get(spec.id) as { runs: Metrics[]; failures: string[] };
       try {
-        const { parts, setupMs } = await runCell(spec, redis.url);
+        const { parts, setupMs } = await runCell(spec, (onCluster ? clusterTarget : serverTarget) as RedisTarget);
         const metrics = metricsOf(spec, parts);
         entry.runs.push(metrics);
         const seconds = (ms: number): string => (ms / 1000).toFixed(1);
@@ -317,9 +359,11 @@ async function main(): Promise<void> {
       }
     }
   }
-  await admin.quit();
-  await redis.stop();
+  await Promise.all(allAdmins.map((admin) => admin.quit()));
+  await redis?.stop();
   redis = undefined;
+  await cluster?.stop();
+  cluster = undefined;
 
   const outcomes: Outcome[] = [...runs.values()].map(({ spec, runs: cellRuns, failures }) => {
     const keys = [...new Set(cellRuns.flatMap((metrics) => Object.keys(metrics)))];

@@ -1,4 +1,5 @@
-import type { ContenderId } from '../support/protocol';
+import type { ContenderId, RedisTarget } from '../support/protocol';
+import { serverUrl } from '../support/redis';
 
 /** uncontended: one attempt, the lock is expected to be free. contended: wait as the contender does. */
 export type LockMode = 'uncontended' | 'contended';
@@ -27,19 +28,22 @@ export interface Locker {
 
 export const NOTHING_LOGGED = { warnings: 0, errors: 0, first: [] };
 
-/** Loads only what the contender needs (Nest is not loaded for the raw baselines, redlock or redis-semaphore). */
-export async function createLocker(contender: ContenderId, mode: LockMode, redisUrl: string): Promise<Locker> {
+/**
+ * Loads only what the contender needs (Nest is not loaded for the raw baselines, redlock or
+ * redis-semaphore). The raw baselines and nestjs-dislock also run on a Redis Cluster.
+ */
+export async function createLocker(contender: ContenderId, mode: LockMode, target: RedisTarget): Promise<Locker> {
   switch (contender) {
     case 'raw':
     case 'raw-poll-1ms':
-      return (await import('./raw.js')).rawLocker(mode, redisUrl);
+      return (await import('./raw.js')).rawLocker(mode, target);
     case 'dislock-service':
     case 'dislock-decorator':
-      return (await import('./dislock.js')).dislockLocker(contender === 'dislock-decorator', mode, redisUrl);
+      return (await import('./dislock.js')).dislockLocker(contender === 'dislock-decorator', mode, target);
     case 'redlock':
-      return (await import('./redlock.js')).redlockLocker(mode, redisUrl);
+      return (await import('./redlock.js')).redlockLocker(mode, serverUrl(target));
     case 'redis-semaphore':
-      return (await import('./semaphore.js')).semaphoreLocker(mode, redisUrl);
+      return (await import('./semaphore.js')).semaphoreLocker(mode, serverUrl(target));
     default:
       throw new Error(`${contender} does not take locks in this scenario`);
   }

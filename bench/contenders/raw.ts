@@ -1,5 +1,7 @@
+import { Cluster } from 'ioredis';
 import { sleep, hr } from '../support/clock';
-import { countingClient, ready } from '../support/redis';
+import type { RedisTarget } from '../support/protocol';
+import { countingConnection, ready } from '../support/redis';
 import { type Body, LEASE_MS, type Locker, type LockMode, NOTHING_LOGGED, WAIT_MS } from './locker';
 
 const SET_NX_PX = "return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
@@ -13,12 +15,18 @@ const POLL_MS = 1;
  *   two round trips, nothing else.
  * - contended (`raw-poll-1ms`): `SET key token NX PX`; when busy, sleep 1 ms and try again (for up
  *   to 10 s); then compare-and-delete by EVALSHA.
+ * On a Cluster, the same through an ioredis `Cluster` client (which routes each key to its master),
+ * with the scripts loaded on every master first.
  */
-export async function rawLocker(mode: LockMode, redisUrl: string): Promise<Locker> {
-  const { client, sent } = countingClient(redisUrl, `bench-raw-${process.pid}`);
+export async function rawLocker(mode: LockMode, target: RedisTarget): Promise<Locker> {
+  const { client, sent } = countingConnection(target, `bench-raw-${process.pid}`);
   await ready(client);
-  const setSha = (await client.script('LOAD', SET_NX_PX)) as string;
-  const delSha = (await client.script('LOAD', COMPARE_AND_DELETE)) as string;
+  // SCRIPT LOAD has no key: on a Cluster, load on every master (the SHA is the same everywhere).
+  const servers = client instanceof Cluster ? client.nodes('master') : [client];
+  const load = async (script: string): Promise<string> =>
+    (await Promise.all(servers.map((server) => server.script('LOAD', script) as Promise<string>)))[0];
+  const setSha = await load(SET_NX_PX);
+  const delSha = await load(COMPARE_AND_DELETE);
   let counter = 0;
 
   const acquireOnce = async (key: string, token: string): Promise<boolean> =>

@@ -1,7 +1,15 @@
 import { createLocker } from '../contenders/locker';
 import { cpuMicros, hr, sleep, sleepUntil } from '../support/clock';
-import { type InfoDelta, infoDelta, infoSnapshot, perCommand, plainClient, ready } from '../support/redis';
-import type { CellSpec, Metrics } from '../support/protocol';
+import {
+  adminClients,
+  clusterMetrics,
+  type InfoDelta,
+  infoDelta,
+  infoSnapshot,
+  perCommand,
+  ready,
+} from '../support/redis';
+import type { CellSpec, Metrics, RedisTarget } from '../support/protocol';
 import { jain, percentile, sortedCopy } from '../support/stats';
 import { type CellRun, describeError } from './cell-run';
 
@@ -33,10 +41,11 @@ export interface ContendedPart {
  * await), release, pause `thinkMs`, again. New turns start until the window ends; a worker still
  * waiting then finishes its turn (bounded by the contender's own wait).
  */
-export async function setupContended(spec: CellSpec, rank: number, redisUrl: string): Promise<CellRun> {
-  const locker = await createLocker(spec.contender, 'contended', redisUrl);
-  const admin = rank === 0 ? plainClient(redisUrl, `bench-admin-${process.pid}`) : undefined;
-  if (admin) await ready(admin);
+export async function setupContended(spec: CellSpec, rank: number, target: RedisTarget): Promise<CellRun> {
+  const locker = await createLocker(spec.contender, 'contended', target);
+  // INFO of the server, or of every master of the Cluster (summed).
+  const admin = rank === 0 ? adminClients(target, `bench-admin-${process.pid}`) : undefined;
+  if (admin) await Promise.all(admin.map((client) => ready(client)));
   return {
     async go(t0: number): Promise<ContendedPart> {
       const start = t0 + spec.warmupMs;
@@ -101,7 +110,7 @@ export async function setupContended(spec: CellSpec, rank: number, redisUrl: str
     },
     async close() {
       await locker.close();
-      await admin?.quit();
+      await Promise.all((admin ?? []).map((client) => client.quit()));
     },
   };
 }
@@ -155,6 +164,7 @@ export function contendedMetrics(spec: CellSpec, parts: readonly ContendedPart[]
     overlaps,
     errors: parts.reduce((sum, part) => sum + part.errors, 0),
     warnings: parts.reduce((sum, part) => sum + part.logged.warnings, 0),
+    ...clusterMetrics(info),
     ...perCommand(info, cs),
   };
 }

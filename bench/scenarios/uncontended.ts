@@ -1,13 +1,23 @@
 import { type Body, createLocker } from '../contenders/locker';
 import { cpuMicros, hr, sleepUntil } from '../support/clock';
-import { type InfoDelta, infoDelta, infoSnapshot, perCommand, plainClient, ready } from '../support/redis';
-import type { CellSpec, Metrics } from '../support/protocol';
+import { spreadKey } from '../support/cluster';
+import {
+  adminClients,
+  clusterMetrics,
+  type InfoDelta,
+  infoDelta,
+  infoSnapshot,
+  perCommand,
+  ready,
+} from '../support/redis';
+import type { CellSpec, Metrics, RedisTarget } from '../support/protocol';
 import { percentile, Samples } from '../support/stats';
 import { type CellRun, describeError } from './cell-run';
 
 /**
  * Acquire + release on distinct keys (one per worker loop, never contended), `spec.workers` loops
- * at once, in one process. Counts cycles completed inside the measuring window.
+ * at once, in one process. Counts cycles completed inside the measuring window. On a Cluster, the
+ * keys sit at evenly spaced slots (`spreadKey`), so the loops spread evenly over the masters.
  */
 export interface UncontendedPart {
   readonly cycles: number;
@@ -25,10 +35,10 @@ export interface UncontendedPart {
 
 const noop: Body = () => Promise.resolve();
 
-export async function setupUncontended(spec: CellSpec, rank: number, redisUrl: string): Promise<CellRun> {
-  const locker = await createLocker(spec.contender, 'uncontended', redisUrl);
-  const admin = plainClient(redisUrl, `bench-admin-${process.pid}`);
-  await ready(admin);
+export async function setupUncontended(spec: CellSpec, rank: number, target: RedisTarget): Promise<CellRun> {
+  const locker = await createLocker(spec.contender, 'uncontended', target);
+  const admin = adminClients(target, `bench-admin-${process.pid}`);
+  await Promise.all(admin.map((client) => ready(client)));
   return {
     async go(t0: number): Promise<UncontendedPart> {
       const start = t0 + spec.warmupMs;
@@ -52,7 +62,7 @@ export async function setupUncontended(spec: CellSpec, rank: number, redisUrl: s
       window.catch(() => undefined); // awaited below; this only keeps an early failure from being "unhandled"
 
       const loop = async (worker: number): Promise<void> => {
-        const key = `u:${rank}:${worker}`;
+        const key = target.kind === 'cluster' ? spreadKey(worker, spec.workers) : `u:${rank}:${worker}`;
         await sleepUntil(t0);
         for (let began = hr(); began < end; began = hr()) {
           try {
@@ -85,7 +95,7 @@ export async function setupUncontended(spec: CellSpec, rank: number, redisUrl: s
     },
     async close() {
       await locker.close();
-      await admin.quit();
+      await Promise.all(admin.map((client) => client.quit()));
     },
   };
 }
@@ -104,6 +114,7 @@ export function uncontendedMetrics(parts: readonly UncontendedPart[]): Metrics {
     failures: part.failures,
     errors: part.errors,
     warnings: part.logged.warnings,
+    ...clusterMetrics(part.info),
     ...perCommand(part.info, cycles),
   };
 }

@@ -1,8 +1,12 @@
 /** What the orchestrator (run.ts) and each cell's child processes (cell.ts) say to each other. */
 
-export type Group = 'uncontended' | 'contended' | 'renewal' | 'http';
+/** What a cell's processes do (scenarios/*.ts). */
+export type Scenario = 'uncontended' | 'contended' | 'renewal' | 'http';
 
-export const GROUPS: readonly Group[] = ['uncontended', 'contended', 'renewal', 'http'];
+/** A block of the matrix (`--only`): one per scenario on the single server, and `cluster`. */
+export type Group = Scenario | 'cluster';
+
+export const GROUPS: readonly Group[] = ['uncontended', 'contended', 'renewal', 'http', 'cluster'];
 
 export type ContenderId =
   'raw' | 'raw-poll-1ms' | 'dislock-service' | 'dislock-decorator' | 'redlock' | 'redis-semaphore' | 'no-lock';
@@ -12,6 +16,8 @@ export interface CellSpec {
   /** Stable name, e.g. `contended/dislock-service/4x4/think0`. */
   readonly id: string;
   readonly group: Group;
+  /** The scenario it runs: the group itself, or uncontended / contended in the `cluster` group. */
+  readonly scenario: Scenario;
   readonly contender: ContenderId;
   /** Child processes running the cell at the same time (4 for the 4 x 4 variant, else 1). */
   readonly processes: number;
@@ -28,8 +34,13 @@ export interface CellSpec {
   readonly measureMs: number;
 }
 
+/** Where a cell connects: the run's own redis-server, or its own Redis Cluster (every master a seed). */
+export type RedisTarget =
+  | { readonly kind: 'server'; readonly url: string }
+  | { readonly kind: 'cluster'; readonly seeds: readonly { readonly host: string; readonly port: number }[] };
+
 export type ParentMessage =
-  | { readonly type: 'setup'; readonly spec: CellSpec; readonly rank: number; readonly redisUrl: string }
+  | { readonly type: 'setup'; readonly spec: CellSpec; readonly rank: number; readonly redis: RedisTarget }
   /** `t0`: the `hr()` time at which the warm-up starts, the same for every process of the cell. */
   | { readonly type: 'go'; readonly t0: number };
 
