@@ -159,9 +159,9 @@ export class Acquisition implements Attempter {
 
   /**
    * Hold a lock that a release granted to `seat` (the head of the store's line): at once, with no
-   * request, while the grant's lease surely runs (its token says it was made after the seat's
-   * last refused attempt ran, so its lease began after that attempt was sent); the watchdog's
-   * first renewal then takes it up. Otherwise (a grant older than that attempt, heard late; or
+   * request, while at least half of the grant's lease surely runs (its token says it was made
+   * after the seat's last refused attempt ran, so its lease began after that attempt was sent);
+   * the watchdog's first renewal then takes it up. Otherwise (a grant older than that attempt, heard late; or
    * that moment has passed: a slow event loop), a renewal first asks whether it still holds, and
    * takes it up. The handle, or -2 when the grant has lapsed (try again as a newcomer would).
    */
@@ -175,7 +175,10 @@ export class Acquisition implements Attempter {
   ): Promise<Handle | number> {
     seat.floor = Math.max(seat.floor, grant.token);
     const grantedUntil = grant.token > seat.missedToken ? leaseValidUntil(seat.missedAt, grant.leaseMs) : -Infinity;
-    if (now() < grantedUntil && !this.gate.closing) {
+    // With half the grant's lease still ahead, so that the renewal taking it up has time to come
+    // back before the grant could end (otherwise the lock would be reported lost while Redis
+    // has just given it its full lease).
+    if (now() < grantedUntil - grant.leaseMs / 2 && !this.gate.closing) {
       const lock = new HeldLock(name, key, grant.owner, grant.token, options, seat.missedAt, keepOnShutdown);
       lock.takeUp(grantedUntil);
       this.held.add(lock);

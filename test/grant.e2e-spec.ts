@@ -1,0 +1,613 @@
+import { randomBytes } from 'node:crypto';
+import { Logger } from '@nestjs/common';
+import type { Redis } from 'ioredis';
+import type { LockHandle } from 'nestjs-dislock';
+import { fenceKeyFor, lineKeysFor } from '../lib/store/redis/fence-key';
+import { GRANT_MS, PLACE_MS, RedisLockStore } from '../lib/store/redis/redis-lock.store';
+import type { AcquireResult, RenewOutcome, RenewRequest } from '../lib/store/lock-store.interface';
+import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
+import { LEAVE_SCRIPT } from '../lib/store/redis/scripts/leave.script';
+import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
+import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
+import { createTestApp, type TestApp } from './support/app';
+import { lostReason, settle, waitFor } from './support/async';
+import { RedisServer } from './support/redis-server';
+import { eventually, sleep, uniquePrefix } from './support/shared-redis';
+
+/**
+ * Grants: a release (or a leave, or an acquire that finds the lock free with a line) hands the
+ * lock straight to the head of the lock's Redis line. First the scripts on their own (what Redis
+ * holds after each step), then through LockService: the head's process holds the lock under
+ * `<waiter>:<token>` and its first renewal takes the grant up. Everything runs on this file's own
+ * redis-server.
+ */
+
+/** The owner id of a lock held through a grant: `<waiter id (12 random bytes, hex)>:<token>`. */
+const GRANT_OWNER = /^[0-9a-f]{24}:\d+$/;
+/** Release -> the waiter holds the lock. A round trip is a few ms; the margin is for a busy 2-core machine. */
+const WAKE_MS = 150;
+/** A holder that only a release lets go of within a test. */
+const LONG = { lockWatchdogTimeout: 20_000 } as const;
+
+const waiterId = (): string => randomBytes(12).toString('hex');
+
+/** A lock's four script keys: the lock, its slot's fencing counter, its line and the line's deadlines. */
+interface LockKeys {
+  readonly key: string;
+  readonly fence: string;
+  readonly line: string;
+  readonly deadlines: string;
+  readonly all: string[];
+}
+
+function lockKeys(prefix: string, name: string): LockKeys {
+  const key = prefix + name;
+  const fence = fenceKeyFor(prefix, key);
+  const [line, deadlines] = lineKeysFor(prefix, key, key);
+  return { key, fence, line, deadlines, all: [key, fence, line, deadlines] };
+}
+
+/** Busy until `until` (performance.now()): the event loop stands still, as in a long GC pause or a CPU-bound request. */
+function stallUntil(until: number): void {
+  while (performance.now() < until) {
+    // spinning
+  }
+}
+
+describe('grants: a release hands the lock to the head of its line', () => {
+  const quiet = (['log', 'warn', 'error'] as const).map((level) =>
+    vi.spyOn(Logger.prototype, level).mockImplementation(() => undefined),
+  );
+  let server: RedisServer;
+  let redis: Redis;
+
+  beforeAll(async () => {
+    server = await RedisServer.start();
+    redis = server.client();
+  });
+
+  afterAll(async () => {
+    redis?.disconnect();
+    await server?.dispose();
+    for (const spy of quiet) spy.mockRestore();
+  });
+
+  describe('the scripts', () => {
+    /** What the scripts announce with: a store id and a sequence number. */
+    const NOTICE = 'teststore:7';
+    let k: LockKeys;
+
+    beforeEach(() => {
+      k = lockKeys(uniquePrefix('grant'), 'job');
+    });
+
+    /** {1, token}, or {0, pttl or -3, the slot's last token}. */
+    const acquire = (owner: string, leaseMs: number, waiter: string): Promise<number[]> =>
+      ACQUIRE_SCRIPT.run(redis, k.all, [owner, leaseMs, waiter, PLACE_MS, 0, NOTICE, GRANT_MS]) as Promise<number[]>;
+    const release = (owner: string): Promise<0 | [number, string, string, string]> =>
+      RELEASE_SCRIPT.run(redis, k.all, [owner, NOTICE, 0, GRANT_MS]) as Promise<0 | [number, string, string, string]>;
+    const leave = (waiter: string): Promise<number> =>
+      LEAVE_SCRIPT.run(redis, k.all, [waiter, NOTICE, 0, GRANT_MS]) as Promise<number>;
+    const renew = (owner: string, leaseMs: number): Promise<number[]> =>
+      RENEW_SCRIPT.run(redis, [k.key], [owner, leaseMs]) as Promise<number[]>;
+    const line = async (): Promise<{ order: string[]; deadlines: string[] }> => ({
+      order: await redis.zrange(k.line, '0', '-1'),
+      deadlines: await redis.zrange(k.deadlines, '0', '-1'),
+    });
+
+    /** Every message published on the lock's channel from now on. */
+    async function listen(): Promise<{ messages: string[]; stop: () => void }> {
+      const sub = redis.duplicate();
+      const messages: string[] = [];
+      sub.on('message', (channel: string, message: string) => {
+        if (channel === k.key) messages.push(message);
+      });
+      await sub.subscribe(k.key);
+      return { messages, stop: () => sub.disconnect() };
+    }
+
+    /** `holder` holds the lock (no line), then each of `waiters` in turn takes a place in its line. */
+    async function heldWithLine(holder: string, ...waiters: string[]): Promise<number> {
+      const [taken, token] = await acquire(holder, 10_000, '');
+      expect(taken).toBe(1);
+      for (const waiter of waiters) {
+        const [busy, pttl, lastToken] = await acquire(`attempt-of-${waiter}`, 10_000, waiter);
+        expect(busy).toBe(0);
+        expect(pttl).toBeGreaterThan(9_000);
+        expect(lastToken).toBe(token); // the slot's last token: a grant with a larger one comes later
+      }
+      // The deadlines are ordered by lapse time (whole ms), not by arrival.
+      const { order, deadlines } = await line();
+      expect({ order, deadlines: [...deadlines].sort() }).toEqual({ order: waiters, deadlines: [...waiters].sort() });
+      return token;
+    }
+
+    it('a release grants the lock to the head; an acquire by the head takes the grant up with its token, once', async () => {
+      const W = waiterId();
+      const holderToken = await heldWithLine('holder', W);
+
+      const reply = await release('holder');
+      expect(reply).toEqual([1, W, '', expect.stringMatching(/^\d+$/)]);
+      const token = (reply as [number, string, string, string])[3];
+      expect(Number(token)).toBeGreaterThan(holderToken);
+      expect(await redis.hgetall(k.key)).toEqual({ [`${W}:${token}`]: '0' });
+      const pttl = await redis.pttl(k.key);
+      expect(pttl).toBeGreaterThan(0);
+      expect(pttl).toBeLessThanOrEqual(GRANT_MS);
+      expect(await line()).toEqual({ order: [], deadlines: [] }); // the head left the line
+      expect(await redis.exists(k.line, k.deadlines)).toBe(0);
+      expect(await redis.get(k.fence)).toBe(token);
+
+      // W's next attempt finds the grant not yet taken up: it takes it up under its own owner id.
+      expect(await acquire('owner2', 5_000, W)).toEqual([1, Number(token)]);
+      expect(await redis.hgetall(k.key)).toEqual({ owner2: '1' });
+      expect(await redis.pttl(k.key)).toBeGreaterThan(4_500);
+      expect(await redis.get(k.fence)).toBe(token); // no new token was issued
+
+      // The grant's own owner id has gone: its renewal is refused, and a leave by W changes nothing.
+      expect(await renew(`${W}:${token}`, 5_000)).toEqual([0]);
+      expect(await leave(W)).toBe(0);
+      expect(await redis.hgetall(k.key)).toEqual({ owner2: '1' });
+      expect(await redis.pttl(k.key)).toBeGreaterThan(4_000);
+      expect(await line()).toEqual({ order: [], deadlines: [] });
+    });
+
+    it('a renewal by the grant owner takes the grant up (value 1, its own lease); a later attempt of the head does not take it again', async () => {
+      const W = waiterId();
+      await heldWithLine('holder', W);
+      const [, , , token] = (await release('holder')) as [number, string, string, string];
+      const grantOwner = `${W}:${token}`;
+      expect(await redis.hgetall(k.key)).toEqual({ [grantOwner]: '0' });
+
+      expect(await renew(grantOwner, 5_000)).toEqual([1]);
+      expect(await redis.hgetall(k.key)).toEqual({ [grantOwner]: '1' });
+      expect(await redis.pttl(k.key)).toBeGreaterThan(4_000);
+
+      const [taken, pttl, lastToken] = await acquire('ownerX', 5_000, W);
+      expect(taken).toBe(0);
+      expect(pttl).toBeGreaterThan(4_000);
+      expect(lastToken).toBe(Number(token));
+      expect(await redis.hgetall(k.key)).toEqual({ [grantOwner]: '1' });
+      expect(await redis.get(k.fence)).toBe(token);
+    });
+
+    it('a leave by the head drops its unclaimed grant and grants the lock to the next in line, announcing it', async () => {
+      const W = waiterId();
+      const V = waiterId();
+      await heldWithLine('holder', W, V);
+      const channel = await listen();
+      try {
+        const granted = (await release('holder')) as [number, string, string, string];
+        expect(granted).toEqual([1, W, V, expect.stringMatching(/^\d+$/)]);
+        const token = granted[3];
+        expect(await line()).toEqual({ order: [V], deadlines: [V] });
+
+        expect(await leave(W)).toBe(1);
+        const fields = await redis.hgetall(k.key);
+        const [field] = Object.keys(fields);
+        expect(Object.keys(fields)).toHaveLength(1);
+        expect(field).toMatch(new RegExp(`^${V}:\\d+$`));
+        const token2 = field.slice(V.length + 1);
+        expect(fields[field]).toBe('0');
+        expect(Number(token2)).toBeGreaterThan(Number(token));
+        expect(await redis.pttl(k.key)).toBeLessThanOrEqual(GRANT_MS);
+        expect(await redis.get(k.fence)).toBe(token2);
+        expect(await line()).toEqual({ order: [], deadlines: [] });
+
+        expect(await eventually(() => channel.messages.length === 2, 1_000)).toBe(true);
+        expect(channel.messages).toEqual([`${NOTICE}:${W}:${V}:${token}`, `${NOTICE}:${V}::${token2}`]);
+      } finally {
+        channel.stop();
+      }
+    });
+
+    it('a grant to a dead head lapses after GRANT_MS; a non-waiting acquire then grants the lock to the new head and answers -3', async () => {
+      const D = waiterId(); // dies without ever taking up its grant
+      const V = waiterId();
+      await heldWithLine('holder', D, V);
+      const [, , , token] = (await release('holder')) as [number, string, string, string];
+      const grantedAt = performance.now();
+      expect(await redis.hgetall(k.key)).toEqual({ [`${D}:${token}`]: '0' });
+
+      const lapsed = await waitFor(
+        async () => (await redis.exists(k.key)) === 0 && performance.now(),
+        2_000,
+        'the grant to lapse',
+        5,
+      );
+      expect(lapsed - grantedAt).toBeGreaterThan(GRANT_MS - 60);
+      expect(lapsed - grantedAt).toBeLessThan(GRANT_MS + 300);
+      expect(await line()).toEqual({ order: [V], deadlines: [V] });
+
+      const channel = await listen();
+      try {
+        // A caller that does not wait (waiter '') may not jump the line: the lock goes to V.
+        const refused = await acquire('newcomer', 5_000, '');
+        const token2 = await redis.get(k.fence);
+        expect(refused).toEqual([0, -3, Number(token2)]); // the last token is that of the grant just made
+        expect(Number(token2)).toBeGreaterThan(Number(token));
+        expect(await redis.hgetall(k.key)).toEqual({ [`${V}:${token2}`]: '0' });
+        const pttl = await redis.pttl(k.key);
+        expect(pttl).toBeGreaterThan(0);
+        expect(pttl).toBeLessThanOrEqual(GRANT_MS);
+        expect(await line()).toEqual({ order: [], deadlines: [] }); // the newcomer took no place
+        expect(await eventually(() => channel.messages.length === 1, 1_000)).toBe(true);
+        expect(channel.messages).toEqual([`${NOTICE}:${V}::${token2}`]);
+      } finally {
+        channel.stop();
+      }
+    });
+  });
+
+  describe('through LockService', () => {
+    /** Every acquire attempt of every store in this process, as it went. */
+    interface Attempt {
+      readonly key: string;
+      readonly waiter: string | undefined;
+      settledAt: number;
+      result: AcquireResult | undefined;
+    }
+    /** Every renewal call of every store in this process, as it went. */
+    interface Renewal {
+      readonly requests: readonly RenewRequest[];
+      settledAt: number;
+      outcomes: RenewOutcome[] | undefined;
+    }
+    const attempts: Attempt[] = [];
+    const renewals: Renewal[] = [];
+    const originalAcquire = RedisLockStore.prototype.acquire;
+    const originalRenew = RedisLockStore.prototype.renew;
+    /** Extra ms a renewal call takes before it is sent (a slow link), by its requests; none unless a test says so. */
+    let renewDelay: (requests: readonly RenewRequest[]) => number = () => 0;
+
+    const PREFIX = 'grant:';
+    let a: TestApp;
+    let b: TestApp;
+    let seq = 0;
+    const fresh = (label: string): string => `${label}-${(seq += 1)}`;
+
+    /** The attempts on `key` that found the lock busy, after the first `from` attempts recorded. */
+    const misses = (from: number, key: string): Attempt[] =>
+      attempts.slice(from).filter((attempt) => attempt.key === key && attempt.result?.acquired === false);
+
+    /**
+     * The first waiter on `key` since `from` has failed twice (tried, subscribed, tried again) and
+     * sleeps now: when its second miss came back.
+     */
+    const asleep = async (from: number, key: string): Promise<number> =>
+      waitFor(
+        async () => {
+          const [first, ...later] = misses(from, key);
+          return later.find((miss) => miss.waiter === first?.waiter)?.settledAt;
+        },
+        3_000,
+        `two misses on ${key}`,
+        2,
+      );
+
+    /** Redis holds `key` for `owner` alone, taken up. */
+    const takenUp = (key: string, owner: string): Promise<boolean> =>
+      eventually(async () => JSON.stringify(await redis.hgetall(key)) === JSON.stringify({ [owner]: '1' }), 1_000, 5);
+
+    beforeAll(async () => {
+      vi.spyOn(RedisLockStore.prototype, 'acquire').mockImplementation(async function (
+        this: RedisLockStore,
+        key: string,
+        owner: string,
+        leaseMs: number,
+        waiter?: string,
+      ) {
+        const attempt: Attempt = { key, waiter, settledAt: Infinity, result: undefined };
+        attempts.push(attempt);
+        try {
+          attempt.result = await originalAcquire.call(this, key, owner, leaseMs, waiter);
+          return attempt.result;
+        } finally {
+          attempt.settledAt = performance.now();
+        }
+      });
+      vi.spyOn(RedisLockStore.prototype, 'renew').mockImplementation(async function (
+        this: RedisLockStore,
+        requests: readonly RenewRequest[],
+      ) {
+        const renewal: Renewal = { requests, settledAt: Infinity, outcomes: undefined };
+        renewals.push(renewal);
+        try {
+          const delay = renewDelay(requests);
+          if (delay > 0) await sleep(delay);
+          renewal.outcomes = await originalRenew.call(this, requests);
+          return renewal.outcomes;
+        } finally {
+          renewal.settledAt = performance.now();
+        }
+      });
+      a = await createTestApp([], { redis: server.url, keyPrefix: PREFIX });
+      b = await createTestApp([], { redis: server.url, keyPrefix: PREFIX });
+    });
+
+    afterEach(() => {
+      renewDelay = () => 0;
+    });
+
+    afterAll(async () => {
+      await a?.close();
+      await b?.close();
+      vi.mocked(RedisLockStore.prototype.acquire).mockRestore();
+      vi.mocked(RedisLockStore.prototype.renew).mockRestore();
+    });
+
+    it('a waiter with a fixed expire is handed the lock by the release: grant owner, larger token, taken up with its own lease', async () => {
+      const name = fresh('fixed');
+      const key = PREFIX + name;
+      const holder = await b.locks.lock(name, LONG);
+      const from = attempts.length;
+      const waiting = a.locks.lock(name, { waitTime: 5_000, expire: 800 });
+      await asleep(from, key);
+
+      await holder.release();
+      const handle = await waiting;
+      const handedAt = performance.now();
+      expect(handle.owner).toMatch(GRANT_OWNER);
+      expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken);
+      expect(Number(handle.owner.split(':')[1])).toBe(handle.fencingToken);
+      // Held at once (the release came well within GRANT_MS of the waiter's last miss): the handle
+      // was given out before its first renewal, the one that takes the grant up, came back.
+      const ownRenewals = renewals.filter((call) => call.requests.some((request) => request.owner === handle.owner));
+      expect(ownRenewals.length).toBeGreaterThanOrEqual(1);
+      expect(ownRenewals[0].settledAt).toBeGreaterThan(handedAt);
+      expect(await redis.get(fenceKeyFor(PREFIX, key))).toBe(String(handle.fencingToken));
+      expect(misses(from, key)).toHaveLength(2); // no attempt after the release: the grant did it
+      expect(await takenUp(key, handle.owner)).toBe(true);
+      const pttl = await redis.pttl(key);
+      expect(pttl).toBeGreaterThan(600);
+      expect(pttl).toBeLessThanOrEqual(800);
+
+      expect(await handle.release()).toBe(true);
+      expect(await redis.exists(key)).toBe(0);
+    });
+
+    it('a watchdog waiter is handed the lock by the release: taken up with lockWatchdogTimeout, then renewed', async () => {
+      const name = fresh('watchdog');
+      const key = PREFIX + name;
+      const holder = await b.locks.lock(name, LONG);
+      const from = attempts.length;
+      const waiting = a.locks.lock(name, { waitTime: 5_000, lockWatchdogTimeout: 3_000 });
+      await asleep(from, key);
+
+      await holder.release();
+      const handle = await waiting;
+      expect(handle.owner).toMatch(GRANT_OWNER);
+      expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken);
+      expect(await takenUp(key, handle.owner)).toBe(true);
+      expect(await redis.pttl(key)).toBeGreaterThan(2_500);
+
+      // Renewed every second: 1.2 s later the lease is back near 3 s (left alone, it would be < 1.8 s).
+      await sleep(1_200);
+      expect(await redis.hgetall(key)).toEqual({ [handle.owner]: '1' });
+      expect(await redis.pttl(key)).toBeGreaterThan(2_200);
+      expect(handle.signal.aborted).toBe(false);
+      const renewed = renewals.filter((call) => call.requests.some((request) => request.owner === handle.owner));
+      expect(renewed.length).toBeGreaterThanOrEqual(2); // the take-up, then a renewal
+      expect(renewed.every((call) => call.outcomes?.every((outcome) => outcome === true))).toBe(true);
+
+      expect(await handle.release()).toBe(true);
+      expect(await redis.exists(key)).toBe(0);
+    });
+
+    it('a grant that comes after the window of the waiter’s last miss is checked by a renewal first, and still comes promptly', async () => {
+      const name = fresh('late');
+      const key = PREFIX + name;
+      const holder = await b.locks.lock(name, LONG);
+      const from = attempts.length;
+      const waiting = a.locks.lock(name, { waitTime: 5_000, lockWatchdogTimeout: 5_000 });
+      const lastMiss = await asleep(from, key);
+      await sleep(Math.max(0, lastMiss + 400 - performance.now())); // held 400 ms past the waiter's last miss
+
+      const releasedAt = performance.now();
+      await holder.release();
+      const handle = await waiting;
+      const handedAt = performance.now();
+      expect(handedAt - releasedAt).toBeLessThan(WAKE_MS);
+      expect(handle.owner).toMatch(GRANT_OWNER);
+      expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken);
+      expect(misses(from, key)).toHaveLength(2); // the grant was used: no fresh attempt
+      // The slow path: a renewal of the grant owner came back before the handle was given out.
+      const checked = renewals.filter(
+        (call) => call.requests.some((request) => request.owner === handle.owner) && call.settledAt <= handedAt,
+      );
+      expect(checked).toHaveLength(1);
+      expect(checked[0].outcomes).toEqual([true]);
+      expect(await redis.hgetall(key)).toEqual({ [handle.owner]: '1' });
+      expect(await redis.pttl(key)).toBeGreaterThan(4_500);
+
+      expect(await handle.release()).toBe(true);
+      expect(await redis.exists(key)).toBe(0);
+    });
+
+    it('mutual exclusion under churn: 3 applications x 3 loops, 1-3 ms holds, tokens in order, nothing left behind', async () => {
+      const c = await createTestApp([], { redis: server.url, keyPrefix: PREFIX });
+      try {
+        const name = fresh('churn');
+        const { key, line, deadlines } = lockKeys(PREFIX, name);
+        const stopAt = performance.now() + 1_500;
+        let inside = 0;
+        let overlaps = 0;
+        const tokens: number[] = [];
+        const problems: string[] = [];
+        const loop = async (app: TestApp): Promise<number> => {
+          let rounds = 0;
+          while (performance.now() < stopAt) {
+            const handle = await app.locks.lock(name, { waitTime: 10_000, lockWatchdogTimeout: 2_000 });
+            inside += 1;
+            if (inside > 1) overlaps += 1;
+            tokens.push(handle.fencingToken);
+            await sleep(1 + Math.floor(Math.random() * 3));
+            if (handle.signal.aborted) problems.push(`lost while held: ${String(handle.signal.reason)}`);
+            inside -= 1;
+            if (!(await handle.release())) problems.push(`release of ${handle.owner} did not free the lock`);
+            rounds += 1;
+          }
+          return rounds;
+        };
+        const rounds = await Promise.all([a, b, c].flatMap((app) => [loop(app), loop(app), loop(app)]));
+
+        expect(overlaps).toBe(0);
+        expect(problems).toEqual([]);
+        for (let i = 1; i < tokens.length; i += 1) {
+          if (tokens[i] <= tokens[i - 1])
+            throw new Error(`token ${i} (${tokens[i]}) <= token ${i - 1} (${tokens[i - 1]})`);
+        }
+        const total = rounds.reduce((sum, n) => sum + n, 0);
+        expect(total).toBeGreaterThanOrEqual(50); // ~460 on an idle 2-core machine
+        expect(rounds.every((n) => n >= 1)).toBe(true);
+        expect(await eventually(async () => (await redis.exists(key, line, deadlines)) === 0, 1_000)).toBe(true);
+      } finally {
+        await c.close();
+      }
+    });
+
+    it('a grant heard near the end of its window survives a take-up renewal slower than what is left of it', async () => {
+      // The waiter trusts a grant until its last miss + GRANT_MS (less a margin), and holds it at
+      // once while that is ahead, however little of it is left; its take-up renewal must then come
+      // back within what is left, or the watchdog reports the lock lost (lease-expired) although
+      // Redis has just given it the full lease. Here the release comes 200 ms after the last miss
+      // and a renewal takes 60 ms (a slow link, or a busy 2-core machine); with a 2 ms round trip
+      // the same happens to a release in the last 2 ms of the window (a waiter refreshes its place
+      // every second: about 1 handover in 500).
+      const name = fresh('edge');
+      const key = PREFIX + name;
+      const holder = await b.locks.lock(name, LONG);
+      const from = attempts.length;
+      const waiting = a.locks.lock(name, { waitTime: 5_000, lockWatchdogTimeout: 5_000 });
+      const lastMiss = await asleep(from, key);
+      const [W] = await redis.zrange(lockKeys(PREFIX, name).line, '0', '0');
+      renewDelay = (requests) => (requests.some((request) => request.owner.startsWith(`${W}:`)) ? 60 : 0);
+      await sleep(Math.max(0, lastMiss + 200 - performance.now()));
+
+      await holder.release();
+      const handle = await waiting;
+      expect(handle.owner).toMatch(GRANT_OWNER);
+      await sleep(150); // the take-up renewal has come back
+      const lost = lostReason(handle.signal.reason);
+      const inRedis = await redis.hgetall(key);
+      const released = await handle.release();
+      // Redis holds the lock for the handle (taken up, its own lease): the handle must not be lost.
+      expect({ lost, inRedis, released }).toEqual({
+        lost: undefined,
+        inRedis: { [handle.owner]: '1' },
+        released: true,
+      });
+    });
+
+    it('a grant that the line’s own attempt took up is not handed out again to the next local waiter', async () => {
+      // W's line in a has two waiters. The holder's lease is short, so W's first waiter sleeps only
+      // until it ends. a's event loop stalls right after the holder's release was sent: Redis grants
+      // the lock to W meanwhile; when the loop runs again, W's timer fires before the announcement
+      // is read, and W's attempt takes the grant up itself (same token, its own owner id). The
+      // announcement of that grant, read next, is stale: the second waiter must not hold the lock
+      // with it while the first one does.
+      const name = fresh('taken-up');
+      const keys = lockKeys(PREFIX, name);
+      const run = (script: typeof ACQUIRE_SCRIPT, args: (string | number)[]): Promise<unknown> =>
+        script.run(redis, keys.all, args);
+      expect(await run(ACQUIRE_SCRIPT, ['bare-holder', 150, '', PLACE_MS, 0, 'bare:1', GRANT_MS])).toEqual([
+        1,
+        expect.any(Number),
+      ]);
+      const from = attempts.length;
+      const options = { waitTime: 5_000, lockWatchdogTimeout: 5_000 } as const;
+      const first = a.locks.lock(name, options);
+      const lastMiss = await asleep(from, keys.key);
+      const ttl = (misses(from, keys.key)[1].result as { ttl: number }).ttl;
+      const second = settle(a.locks.lock(name, options)); // behind the first in a's local line: no attempt
+      expect(ttl).toBeGreaterThan(30); // time enough to release before the lease ends
+
+      await redis.ping(); // from here on this runs in the poll phase: timers come before the next poll
+      const releasing = run(RELEASE_SCRIPT, ['bare-holder', 'bare:2', 0, GRANT_MS]);
+      stallUntil(lastMiss + ttl + 10); // past the first waiter's timer; the grant lives on
+      const [released, W, , granted] = (await releasing) as [number, string, string, string];
+      expect(released).toBe(1);
+      const h1 = await first;
+      // The race did happen: the first waiter's attempt took the grant up under its own owner id.
+      expect(h1.fencingToken).toBe(Number(granted));
+      expect(h1.owner).not.toBe(`${W}:${granted}`);
+
+      const early = await Promise.race([second, sleep(150).then(() => 'still waiting' as const)]);
+      expect(early).toBe('still waiting');
+      expect(await redis.hgetall(keys.key)).toEqual({ [h1.owner]: '1' });
+      expect(h1.signal.aborted).toBe(false);
+
+      expect(await h1.release()).toBe(true);
+      const outcome = await second;
+      expect(outcome.ok).toBe(true);
+      const h2 = (outcome as { value: LockHandle }).value;
+      expect(h2.fencingToken).toBeGreaterThan(h1.fencingToken);
+      expect(await takenUp(keys.key, h2.owner)).toBe(true);
+      expect(await h2.release()).toBe(true);
+    });
+
+    it('a grant heard only after a miss that its own lapse caused is checked by a renewal first, never held at once', async () => {
+      // W (in a) heads the line, V (a bare waiter id) is second. a's event loop stalls (a GC pause,
+      // a CPU-bound request) right after b's release was sent: during the stall Redis grants the
+      // lock to W and the grant lapses. When the loop runs again, W's wait timer (due during the
+      // stall) fires before the announcement is read: W's attempt finds the lock free with V in
+      // line, grants it to V and misses. Then the announcement of the old grant to W is read: it
+      // must not be trusted until that miss + GRANT_MS (the miss came after it), or W holds a lock
+      // that Redis has given to V.
+      const name = fresh('stall');
+      const keys = lockKeys(PREFIX, name);
+      const holder = await b.locks.lock(name, LONG);
+      const from = attempts.length;
+      const waiting = settle(a.locks.lock(name, { waitTime: 5_000, lockWatchdogTimeout: 5_000 }));
+      const lastMiss = await asleep(from, keys.key); // W sleeps now until lastMiss + lineRefreshMs (1 s)
+      const V = waiterId();
+      const [busy] = (await ACQUIRE_SCRIPT.run(redis, keys.all, [
+        'v-attempt',
+        60_000,
+        V,
+        PLACE_MS,
+        0,
+        'bare:1',
+        GRANT_MS,
+      ])) as number[];
+      expect(busy).toBe(0);
+      const [W] = await redis.zrange(keys.line, '0', '0');
+      expect(await redis.zrange(keys.line, '0', '-1')).toEqual([W, V]);
+
+      await sleep(Math.max(0, lastMiss + 650 - performance.now()));
+      await redis.ping(); // from here on this runs in the poll phase: timers come before the next poll
+      const releasedAt = performance.now();
+      const releasing = holder.release(); // sent now; its grant to W lives GRANT_MS
+      stallUntil(Math.max(performance.now() + GRANT_MS + 100, lastMiss + 1_040));
+      expect(await releasing).toBe(true);
+
+      const outcome = await waiting;
+      const handedAt = performance.now();
+      expect(outcome.ok).toBe(true);
+      const handle = (outcome as { value: LockHandle }).value;
+      const inRedis = await redis.hgetall(keys.key);
+      const lastToken = Number(await redis.get(keys.fence));
+      await sleep(100);
+      const lostSoon = handle.signal.aborted;
+      const released = await handle.release();
+
+      // What a holder must see: Redis holds the lock for it, its token is the latest issued, and
+      // it keeps the lock until it releases it.
+      expect({ inRedis, lastToken, lostSoon, released }).toEqual({
+        inRedis: { [handle.owner]: '1' },
+        lastToken: handle.fencingToken,
+        lostSoon: false,
+        released: true,
+      });
+      // And the race did happen: W missed after the release (the lock free, V in line: -3), and
+      // was then handed the old grant, which a renewal found gone before any handle was given out.
+      const after = misses(from, keys.key).filter((attempt) => attempt.settledAt > releasedAt);
+      expect(after.length).toBeGreaterThanOrEqual(1);
+      expect(after[0].result).toMatchObject({ acquired: false, ttl: -3 });
+      const checked = renewals.filter(
+        (call) => call.settledAt <= handedAt && call.requests.some((request) => request.owner.startsWith(`${W}:`)),
+      );
+      expect(checked.map((call) => call.outcomes)).toEqual([[false]]);
+    });
+  });
+});
