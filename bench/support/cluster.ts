@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import type { Redis } from 'ioredis';
 import { hr, sleep } from './clock';
 import { freePort, plainClient } from './redis';
+import calculateSlot from 'cluster-key-slot';
 
 const HOST = '127.0.0.1';
 
@@ -222,31 +223,9 @@ function describeMasters(nodes: string): string {
     .join(' ');
 }
 
-const CRC16_TABLE = (() => {
-  const table = new Uint16Array(256);
-  for (let byte = 0; byte < 256; byte += 1) {
-    let crc = byte << 8;
-    for (let bit = 0; bit < 8; bit += 1) crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
-    table[byte] = crc;
-  }
-  return table;
-})();
-
-function crc16(bytes: Uint8Array, from: number, to: number): number {
-  let crc = 0;
-  for (let i = from; i < to; i += 1) crc = ((crc << 8) & 0xffff) ^ CRC16_TABLE[((crc >> 8) ^ bytes[i]) & 0xff];
-  return crc;
-}
-
-/** The hash slot of `key` (CRC16 of the key, or of its first non-empty `{hash tag}`, mod 16384). */
+/** The hash slot of `key` (CRC16 of the key, or of its first non-empty `{hash tag}`, mod 16384), as ioredis computes it. */
 export function keySlot(key: string): number {
-  const bytes = Buffer.from(key, 'utf8');
-  const open = bytes.indexOf(0x7b); // '{'
-  if (open !== -1) {
-    const close = bytes.indexOf(0x7d, open + 1); // '}'
-    if (close > open + 1) return crc16(bytes, open + 1, close) % HASH_SLOTS;
-  }
-  return crc16(bytes, 0, bytes.length) % HASH_SLOTS;
+  return calculateSlot(key);
 }
 
 let tags: string[] | undefined;
@@ -258,8 +237,7 @@ export function slotTag(slot: number): string {
     let missing = HASH_SLOTS;
     for (let n = 0; missing > 0; n += 1) {
       const tag = n.toString(36);
-      const bytes = Buffer.from(tag, 'latin1');
-      const at = crc16(bytes, 0, bytes.length) % HASH_SLOTS;
+      const at = calculateSlot(tag);
       if (table[at] === undefined) {
         table[at] = tag;
         missing -= 1;

@@ -1,4 +1,4 @@
-import { DROP_LAPSED_LUA, FIND_GRANT_LUA, GRANT_LUA } from './line.lua';
+import { DROP_LAPSED_NOW_LUA, FIND_GRANT_LUA, GRANT_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -31,9 +31,7 @@ elseif not waiting or redis.call('exists', key) == 1 then
   return 0
 end
 if waiting then
-  local now = redis.call('time')
-  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  ${DROP_LAPSED_LUA}
+  ${DROP_LAPSED_NOW_LUA}
 end
 ${GRANT_LUA}
 return 1

@@ -22,6 +22,15 @@ if #lapsed > 0 then
 end
 `;
 
+/** DROP_LAPSED_LUA at the server's present time, for a script that has not read it yet. */
+export const DROP_LAPSED_NOW_LUA = `
+do
+  local now = redis.call('time')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  ${DROP_LAPSED_LUA}
+end
+`;
+
 /**
  * Issues the next fencing token of a hash slot into the local `token`. Expects `now` (the reply of
  * TIME) and `fence` (the slot's counter, a string holding the last token issued there) as locals.

@@ -1,4 +1,4 @@
-import { DROP_LAPSED_LUA, GRANT_LUA } from './line.lua';
+import { DROP_LAPSED_NOW_LUA, GRANT_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -36,9 +36,7 @@ end
 redis.call('del', key)
 local waiting = redis.call('exists', line) == 1
 if waiting then
-  local now = redis.call('time')
-  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  ${DROP_LAPSED_LUA}
+  ${DROP_LAPSED_NOW_LUA}
 end
 ${GRANT_LUA}
 return {1, head, second, granted}
