@@ -21,11 +21,16 @@
  *
  * `--count-promises` counts the promises made per cycle instead (an async hook: slow, but exact).
  *
+ * `--async-hooks` runs an `AsyncLocalStorage` of its own once before measuring, as anything else in
+ * an application may (nestjs-cls, OpenTelemetry): on Node 20 that turns Node's promise hooks on
+ * for every promise of the process, which `@DisLock`'s reentrancy scope does too; on Node 24 it
+ * changes nothing. `--mode lock --async-hooks` is what the hooks alone cost `LockService`.
+ *
  * Modes: `service` (`LockService.tryLock` + `release()`), `lock` (`LockService.lock` + `release()`,
  * as the benchmark cell does), `decorator` (an `async` `@DisLock` method), `raw` (two EVALSHA
  * round trips, the benchmark's ceiling).
  */
-import { createHook } from 'node:async_hooks';
+import { AsyncLocalStorage, createHook } from 'node:async_hooks';
 import { writeFileSync } from 'node:fs';
 import { Session } from 'node:inspector/promises';
 import { parseArgs } from 'node:util';
@@ -75,8 +80,12 @@ async function main(): Promise<void> {
       profile: { type: 'string' },
       'heap-profile': { type: 'string' },
       'count-promises': { type: 'boolean', default: false },
+      'async-hooks': { type: 'boolean', default: false },
     },
   });
+  if (values['async-hooks']) {
+    new AsyncLocalStorage<boolean>().run(true, () => undefined); // on Node 20 the hooks then stay on
+  }
   const loops = Number(values.loops);
   const measureMs = Number(values.seconds) * 1000;
   const own = values.redis ? undefined : await OwnRedis.start();
@@ -101,8 +110,9 @@ async function main(): Promise<void> {
     const { app, locks, target } = await startDislockApp({ redis: client });
     close = () => app.close();
     let token = 1_700_000_000_000_000;
-    // The lock scripts: acquire names 2 keys (the lock and its slot's fencing counter), release 1.
-    if (values['fake-redis']) fakeEvalsha(client, (args) => (String(args[1]) === '2' ? [1, (token += 1)] : 1));
+    // The lock scripts: acquire names 4 keys (the lock, its slot's fencing counter and the two keys
+    // of its line of waiters), release 3 (the lock and the line's keys).
+    if (values['fake-redis']) fakeEvalsha(client, (args) => (Number(args[1]) >= 4 ? [1, (token += 1)] : 1));
     const options = { expire: LEASE_MS };
     if (values.mode === 'service') {
       cycle = async (key) => {
