@@ -3,7 +3,6 @@ import type { LockScope } from '../core/lock-scope';
 import { OwnerIds } from '../core/owner-ids';
 import { InvalidLockOptionsError } from '../errors';
 import type { ResolvedLockOptions, ResolvedModuleOptions } from '../module/dislock.options';
-import { FENCE_MARKER, LINE_MARKER } from '../store/redis/fence-key';
 import type { Grant, LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
@@ -11,9 +10,6 @@ import type { ShutdownGate } from './shutdown-gate';
 import type { Attempter, LineSeat, WaitLine } from './wait-line';
 
 const now = (): number => performance.now();
-
-/** Name prefixes of the keys the store keeps beside the locks (fencing counters, lines of waiters). */
-const RESERVED_MARKERS = [FENCE_MARKER, LINE_MARKER];
 
 function leaseOf(options: ResolvedLockOptions): number {
   return options.expire > 0 ? options.expire : options.lockWatchdogTimeout;
@@ -61,7 +57,7 @@ export class Acquisition implements Attempter {
     cancel: AbortSignal | undefined,
   ): Promise<Handle | null> {
     this.gate.assertOpen(name);
-    const reserved = RESERVED_MARKERS.find((marker) => name.startsWith(marker));
+    const reserved = this.store.reservedPrefixes.find((prefix) => name.startsWith(prefix));
     if (reserved !== undefined) {
       throw new InvalidLockOptionsError(
         'name',

@@ -114,6 +114,11 @@ export interface LockStore {
    * (`ttl` -3). A store without a line ignores the id (`lineRefreshMs` Infinity).
    */
   readonly lineRefreshMs: number;
+  /**
+   * Name prefixes the store keeps its own keys under, beside the locks (fencing counters, lines of
+   * waiters): a lock name starting with one is refused before the store is asked.
+   */
+  readonly reservedPrefixes: readonly string[];
   /** `waiter` gives up its place (timed out, aborted, shut down); the new head, if any, is told. */
   leave(key: string, waiter: string): Promise<void>;
   /** Whether `owner` still holds `key` (for a reentrant acquisition); changes nothing. */

@@ -9,7 +9,7 @@ import { CHECK_SCRIPT } from './scripts/check.script';
 import { LEAVE_SCRIPT } from './scripts/leave.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
 import { RENEW_SCRIPT } from './scripts/renew.script';
-import { fenceKeyFor, keySlot, lineKeysFor, slotTag } from './fence-key';
+import { FENCE_MARKER, fenceKeyFor, keySlot, LINE_MARKER, lineKeysFor, slotTag } from './fence-key';
 import type {
   AcquireResult,
   CheckResult,
@@ -79,6 +79,8 @@ export class RedisLockStore implements LockStore {
   private readonly lineNotice = `${this.id}:0`;
   /** A waiter attempts at least this often, renewing its place in the lock's line. */
   readonly lineRefreshMs = Math.floor(PLACE_MS / 3);
+  /** Fencing counters and lines of waiters live under the module's key prefix too. */
+  readonly reservedPrefixes = [FENCE_MARKER, LINE_MARKER];
   /** The scripts' flag for announcing with SPUBLISH (1, on a Cluster) or PUBLISH (0). */
   private readonly sharded: number;
   /** The client's own ioredis keyPrefix: part of every key's name as Redis sees it, slot included. */

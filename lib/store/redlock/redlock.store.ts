@@ -10,6 +10,7 @@ import type {
   RenewOutcome,
   RenewRequest,
 } from '../lock-store.interface';
+import { FENCE_MARKER, LINE_MARKER } from '../redis/fence-key';
 import { QuorumWatch } from './quorum-watch';
 import { RedlockNodeConnection } from './redlock-node';
 
@@ -224,6 +225,8 @@ export class RedlockStore implements LockStore {
 
   /** Redlock keeps no line of waiters (its nodes could order them differently): waiters race, as they did before lines. */
   readonly lineRefreshMs = Infinity;
+  /** Each node is a Redis store, with its own keys beside the locks. */
+  readonly reservedPrefixes = [FENCE_MARKER, LINE_MARKER];
 
   async leave(): Promise<void> {
     // No line, no place to give up.
