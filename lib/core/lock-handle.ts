@@ -29,7 +29,8 @@ export interface LockHandle {
    * Drop this hold. Owner-safe: never touches a key another owner holds. `true` when this call
    * freed the lock; `false` while another hold of the same owner (outer or reentrant) still runs
    * under it, for a second call, or for a lock that was already lost (a loss first noticed here
-   * is reported like any other: `signal`, `onLockLost`).
+   * is reported like any other: `signal`, `onLockLost`). Within `lockAtLeastFor` of acquisition
+   * the key is not deleted but left to expire at that moment (renewal stops): `false` as well.
    */
   release(): Promise<boolean>;
   /**
