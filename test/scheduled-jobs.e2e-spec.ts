@@ -417,6 +417,23 @@ describe('lockAtLeastFor', () => {
     expect(await redis.exists(key(other))).toBe(0);
   });
 
+  it('counts from when a waiter was handed the lock, not from when it began waiting', async () => {
+    const name = fresh('grant');
+    const holder = await a.locks.lock(name);
+    let ranAt = 0;
+    const job = async (): Promise<string> => {
+      ranAt = performance.now();
+      return 'ran';
+    };
+    const waiting = b.locks.withLock(name, job, { waitTime: 2_000, lockAtLeastFor: 300 });
+    await sleep(100); // the waiter's refused attempt is ~100 ms old when the release hands it the lock
+    await holder.release();
+    expect(await waiting).toBe('ran');
+    const pttl = await redis.pttl(key(name));
+    expect(pttl).toBeGreaterThanOrEqual(300 - (performance.now() - ranAt) - 10);
+    expect(pttl).toBeLessThanOrEqual(300);
+  });
+
   it('reentrant holds count down as before: only the end of the outermost hold sets the lease', async () => {
     const name = fresh('re');
     await a.locks.withLock(

@@ -106,6 +106,11 @@ export class HeldLock implements Scheduled {
    * watchdog renews it at once, which takes the grant up and sets this lock's own lease.
    */
   takingUp = false;
+  /**
+   * `performance.now()` from which `lockAtLeastFor` counts: when the acquisition was sent, or when
+   * a grant (which may have been made any time after the line's last refused attempt) was heard.
+   */
+  lockedAt: number;
   private abortController: AbortController | undefined;
 
   constructor(
@@ -126,11 +131,13 @@ export class HeldLock implements Scheduled {
     private readonly validMs = Infinity,
   ) {
     this.leaseEndsAt = this.validUntil(acquiredAt);
+    this.lockedAt = acquiredAt;
   }
 
   /** A grant whose lease surely runs until `grantedUntil`: held from now, taken up by the first renewal. */
   takeUp(grantedUntil: number): void {
     this.takingUp = true;
+    this.lockedAt = performance.now();
     this.leaseEndsAt = Math.min(this.leaseEndsAt, grantedUntil);
   }
 

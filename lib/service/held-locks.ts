@@ -18,7 +18,7 @@ const now = (): number => performance.now();
 function minimumLeft(lock: HeldLock): number {
   const { lockAtLeastFor } = lock.options;
   if (lockAtLeastFor <= 0) return 0;
-  return Math.max(0, Math.ceil(lock.acquiredAt + lockAtLeastFor - now()));
+  return Math.max(0, Math.ceil(lock.lockedAt + lockAtLeastFor - now()));
 }
 
 /**
