@@ -92,6 +92,13 @@ class Jobs {
     return of('a', 'b');
   }
 
+  /** No written return type: nothing is recorded, the call returns a Promise that is also an Observable. */
+  @DisLock({ key: 'job:{0}', onBusy: 'skip' })
+  inferred(_id: string) {
+    this.runs += 1;
+    return of('a', 'b');
+  }
+
   @DisLock({ key: 'least:{0}', onBusy: 'skip', lockAtLeastFor: 400, expire: 2_000 })
   async atLeast(_id: string, ms: number): Promise<string> {
     this.runs += 1;
@@ -182,6 +189,19 @@ describe("onBusy: 'skip'", () => {
     expect(jobs.runs).toBe(0);
     await holder.release();
     expect(await jobs.skip(id)).toBe('ran');
+  });
+
+  it('a method with an inferred Observable return type resolves undefined and replays nothing when busy', async () => {
+    const id = fresh();
+    const holder = await t.locks.lock(`job:${id}`);
+    // Typed Observable<string> by inference; at run time also a Promise of the last value.
+    const asPromise = (value: unknown): PromiseLike<unknown> => value as PromiseLike<unknown>;
+    const result = jobs.inferred(id);
+    expect(await asPromise(result)).toBeUndefined();
+    expect(await lastValueFrom(result.pipe(toArray()))).toEqual([]);
+    expect(jobs.runs).toBe(0);
+    await holder.release();
+    expect(await asPromise(jobs.inferred(id))).toBe('b');
   });
 
   it('an Observable method completes without a value when busy', async () => {
@@ -432,6 +452,15 @@ describe('lockAtLeastFor', () => {
     const pttl = await redis.pttl(key(name));
     expect(pttl).toBeGreaterThanOrEqual(300 - (performance.now() - ranAt) - 10);
     expect(pttl).toBeLessThanOrEqual(300);
+  });
+
+  it('stopRenewal() then release() within the minimum hold still leaves the key to expire', async () => {
+    const name = fresh('stopped');
+    const handle = await a.locks.lock(name, { lockAtLeastFor: 300 });
+    handle.stopRenewal();
+    expect(await handle.release()).toBe(false);
+    expect(await redis.hgetall(key(name))).toEqual({ [handle.owner]: '1' });
+    expect(await redis.pttl(key(name))).toBeLessThanOrEqual(300);
   });
 
   it('reentrant holds count down as before: only the end of the outermost hold sets the lease', async () => {

@@ -102,7 +102,8 @@ export class HeldLocks implements HoldKeeper {
       if (lock.state === 'held') await this.leaveToExpire(lock);
       return false;
     }
-    const left = lock.state === 'held' ? minimumLeft(lock) : 0;
+    // A lock whose renewal was stopped (`stopRenewal()`) keeps its minimum hold as well.
+    const left = lock.state === 'held' || lock.state === 'detached' ? minimumLeft(lock) : 0;
     if (left > 0) {
       await this.holdOn(lock, left);
       return false;
