@@ -154,8 +154,14 @@ export class HeldLocks implements HoldKeeper {
         try {
           const left = minimumLeft(lock);
           // Within its lockAtLeastFor the lock is not given up early, not even at shutdown.
-          if (left > 0) await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: left, exact: true }]);
-          else await this.store.release(lock.key, lock.owner);
+          if (left > 0) {
+            const [outcome] = await this.store.renew([
+              { key: lock.key, owner: lock.owner, leaseMs: left, exact: true },
+            ]);
+            if (typeof outcome === 'object') throw outcome.error;
+          } else {
+            await this.store.release(lock.key, lock.owner);
+          }
         } catch (error) {
           this.logger.warn(
             `Could not release lock "${lock.name}" at shutdown (${describeError(error)}); it expires on its own`,
