@@ -29,7 +29,8 @@ export interface LockHandle {
    * Drop this hold. Owner-safe: never touches a key another owner holds. `true` when this call
    * freed the lock; `false` while another hold of the same owner (outer or reentrant) still runs
    * under it, for a second call, or for a lock that was already lost (a loss first noticed here
-   * is reported like any other: `signal`, `onLockLost`).
+   * is reported like any other: `signal`, `onLockLost`). Within `lockAtLeastFor` of acquisition
+   * the key is not deleted but left to expire at that moment (renewal stops): `false` as well.
    */
   release(): Promise<boolean>;
   /**
@@ -105,6 +106,11 @@ export class HeldLock implements Scheduled {
    * watchdog renews it at once, which takes the grant up and sets this lock's own lease.
    */
   takingUp = false;
+  /**
+   * `performance.now()` from which `lockAtLeastFor` counts: when the acquisition was sent, or when
+   * a grant (which may have been made any time after the line's last refused attempt) was heard.
+   */
+  lockedAt: number;
   private abortController: AbortController | undefined;
 
   constructor(
@@ -125,11 +131,13 @@ export class HeldLock implements Scheduled {
     private readonly validMs = Infinity,
   ) {
     this.leaseEndsAt = this.validUntil(acquiredAt);
+    this.lockedAt = acquiredAt;
   }
 
   /** A grant whose lease surely runs until `grantedUntil`: held from now, taken up by the first renewal. */
   takeUp(grantedUntil: number): void {
     this.takingUp = true;
+    this.lockedAt = performance.now();
     this.leaseEndsAt = Math.min(this.leaseEndsAt, grantedUntil);
   }
 

@@ -43,6 +43,7 @@ function copyIdentity(from: AnyMethod, to: AnyMethod): void {
  * @DisLock((order: Order) => `order:${order.id}`)        // or a key function
  * @DisLock({ key: 'user:{0.id}', expire: 5_000 })       // fixed 5 s lease, never renewed
  * @DisLock({ key: (job: Job) => `job:${job.id}`, waitTime: 2_000 })
+ * @DisLock({ key: 'report', onBusy: 'skip', lockAtLeastFor: 10_000 }) // a scheduled job: once per tick
  * ```
  *
  * Works on any method of a class built by Nest (controllers and plain providers alike). Options are
@@ -60,6 +61,10 @@ function copyIdentity(from: AnyMethod, to: AnyMethod): void {
  *   return type to get the lazy, per-subscription Observable.
  *
  * The method's own results and errors pass through untouched.
+ *
+ * Order relative to other method decorators (`@Cron`, `@Interval`, `@Timeout` from
+ * `@nestjs/schedule`, guards, Swagger) does not matter: the wrapper keeps the method's name, length
+ * and every metadata key set on it before, and those set after land on the wrapper itself.
  */
 export function DisLock(optionsOrKey: DisLockOptions | LockKey): DisLockDecorator {
   const decorate = (
@@ -82,12 +87,13 @@ export function DisLock(optionsOrKey: DisLockOptions | LockKey): DisLockDecorato
     if (typeof original !== 'function') {
       throw new InvalidLockOptionsError('target', `${where}: @DisLock applies to methods only`);
     }
-    const { key, ifExpireWhenFinish, ...timing } = options;
+    const { key, ifExpireWhenFinish, onBusy, ...timing } = options;
     const spec: LockedMethodSpec = {
       where,
       resolveKey: compileWithContext(where, key),
       options: timing,
       releaseOnFinish: ifExpireWhenFinish ?? true,
+      onBusy: onBusy ?? 'throw',
     };
     const returns = returnKindOf(target, propertyKey, original);
     injectInterceptor(target);

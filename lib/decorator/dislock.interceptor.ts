@@ -26,8 +26,10 @@ export interface LockedMethodSpec {
   readonly where: string;
   readonly resolveKey: KeyResolver;
   /** Validated timing options; module defaults fill the rest at call time. */
-  readonly options: Omit<DisLockOptions, 'key' | 'ifExpireWhenFinish'>;
+  readonly options: Omit<DisLockOptions, 'key' | 'ifExpireWhenFinish' | 'onBusy'>;
   readonly releaseOnFinish: boolean;
+  /** A busy lock: reject (`'throw'`) or resolve `undefined` without running the method (`'skip'`). */
+  readonly onBusy: 'throw' | 'skip';
 }
 
 function toObservable(result: unknown): Observable<unknown> {
@@ -59,7 +61,8 @@ export class DisLockInterceptor {
    */
   async run(spec: LockedMethodSpec, invoke: () => unknown, args: readonly unknown[]): Promise<unknown> {
     const name = spec.resolveKey(args); // throws KeyResolutionError before Redis is touched
-    const handle = await this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish);
+    const handle = await this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, spec.onBusy);
+    if (!handle) return undefined; // busy, and `onBusy: 'skip'`
     try {
       return await this.locks.runInScope(handle, () => {
         const result = invoke();
@@ -85,8 +88,9 @@ export class DisLockInterceptor {
   }
 
   /**
-   * Emits the handle once the lock is taken. Unsubscribing before that stops a wait in progress,
-   * and a lock that is granted after the subscriber left is released at once, never leaked.
+   * Emits the handle once the lock is taken (or completes without it: busy, with `onBusy: 'skip'`).
+   * Unsubscribing before that stops a wait in progress, and a lock that is granted after the
+   * subscriber left is released at once, never leaked.
    */
   private acquire(spec: LockedMethodSpec, args: readonly unknown[]): Observable<Handle> {
     return new Observable<Handle>((subscriber) => {
@@ -99,9 +103,13 @@ export class DisLockInterceptor {
       }
       const cancel = new AbortController();
       let settled = false;
-      this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, cancel.signal).then(
+      this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, spec.onBusy, cancel.signal).then(
         (handle) => {
           settled = true;
+          if (!handle) {
+            subscriber.complete();
+            return;
+          }
           if (subscriber.closed) {
             void this.locks.finish(handle, true);
             return;

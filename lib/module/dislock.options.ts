@@ -7,8 +7,9 @@ export type LockKey = string | ((...args: never[]) => string);
 /** Timing options shared by `@DisLock`, `LockService` and the module-wide defaults. */
 export interface LockTimingOptions {
   /**
-   * Fixed lease in ms. When set (> 0) the lock expires after this long and is never renewed.
-   * Default `-1`: unset, the watchdog keeps the lock alive instead.
+   * Fixed lease in ms. When set (> 0) the lock expires after this long and is never renewed: the
+   * longest a holder can keep it (ShedLock's `lockAtMostFor`). Default `-1`: unset, the watchdog
+   * keeps the lock alive instead.
    */
   expire?: number;
   /** Lease in ms that the watchdog keeps resetting every `lockWatchdogTimeout / 3`. Default 30 000. */
@@ -19,8 +20,16 @@ export interface LockTimingOptions {
   waitTime?: number;
 }
 
-/** What one acquisition can add to the timing: a hook of its own for a lost lock. */
+/** What one acquisition can add to the timing: a minimum hold and a hook of its own for a lost lock. */
 export interface PerLockOptions extends LockTimingOptions {
+  /**
+   * ms the lock stays taken after it was acquired, even when the hold ends sooner: the key is not
+   * deleted but left to expire that long after acquisition (its lease is set to the time left), so
+   * that an instance whose clock or scheduler runs a little late cannot run the same scheduled
+   * tick again. A hold that ends later is released as usual. At most `expire` when that is set.
+   * Only the outermost acquisition's value counts (a reentrant one shares its hold). Default: none.
+   */
+  lockAtLeastFor?: number;
   /**
    * Called when this lock is lost while held (besides the module's `onLockLost`, if any). Setting
    * either replaces the default warning.
@@ -47,6 +56,13 @@ export interface DisLockOptions extends PerLockOptions {
    * expire on its own (useful to keep a job from running again within the lease).
    */
   ifExpireWhenFinish?: boolean;
+  /**
+   * When the lock is busy (still, after `waitTime`): `'throw'` (default) rejects with
+   * `LockNotAcquiredError`; `'skip'` does not run the method, resolves the call with `undefined`
+   * (an Observable completes without a value) and logs at debug level: for a scheduled job that
+   * another instance is already running. Redis failures reject either way.
+   */
+  onBusy?: 'throw' | 'skip';
 }
 
 /**
@@ -138,6 +154,8 @@ export interface ResolvedLockOptions {
   readonly lockWatchdogTimeout: number;
   readonly maxRenewTimes: number;
   readonly waitTime: number;
+  /** Minimum hold in ms after acquisition; `0`: none. */
+  readonly lockAtLeastFor: number;
   /** The acquisition's own hook (the module's is called as well). */
   readonly onLockLost: LockLostHandler | undefined;
 }

@@ -17,8 +17,9 @@ import type { LockLostHandler } from '../core/lock-lost.event';
 const MAX_DURATION_MS = 2 ** 31 - 1;
 
 const TIMING_FIELDS = ['expire', 'lockWatchdogTimeout', 'maxRenewTimes', 'waitTime'] as const;
-const DECORATOR_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'onLockLost', 'key', 'ifExpireWhenFinish']);
-const LOCK_FIELDS: ReadonlySet<string> = new Set([...TIMING_FIELDS, 'onLockLost', 'signal']);
+const PER_LOCK_FIELDS = [...TIMING_FIELDS, 'lockAtLeastFor', 'onLockLost'] as const;
+const DECORATOR_FIELDS: ReadonlySet<string> = new Set([...PER_LOCK_FIELDS, 'key', 'ifExpireWhenFinish', 'onBusy']);
+const LOCK_FIELDS: ReadonlySet<string> = new Set([...PER_LOCK_FIELDS, 'signal']);
 const MODULE_FIELDS: ReadonlySet<string> = new Set([
   'redis',
   'redlock',
@@ -95,9 +96,21 @@ function checkTiming(where: string, raw: Record<string, unknown>): LockOptions {
   }
   if (raw.maxRenewTimes !== undefined) out.maxRenewTimes = wholeCount(where, 'maxRenewTimes', raw.maxRenewTimes);
   if (raw.waitTime !== undefined) out.waitTime = nonNegativeMs(where, 'waitTime', raw.waitTime);
+  if (raw.lockAtLeastFor !== undefined) out.lockAtLeastFor = positiveMs(where, 'lockAtLeastFor', raw.lockAtLeastFor);
   if (raw.onLockLost !== undefined) {
     if (typeof raw.onLockLost !== 'function') fail(where, 'onLockLost', raw.onLockLost, 'a function (event) => void');
     out.onLockLost = raw.onLockLost as LockLostHandler;
+  }
+  if (
+    out.lockAtLeastFor !== undefined &&
+    out.expire !== undefined &&
+    out.expire > 0 &&
+    out.lockAtLeastFor > out.expire
+  ) {
+    throw new InvalidLockOptionsError(
+      'lockAtLeastFor',
+      `${where}: option "lockAtLeastFor" (${out.lockAtLeastFor} ms) must not exceed "expire" (${out.expire} ms): the fixed lease ends the lock first`,
+    );
   }
   if (out.expire !== undefined && out.expire > 0) {
     for (const field of ['lockWatchdogTimeout', 'maxRenewTimes'] as const) {
@@ -125,10 +138,15 @@ export function validateDecoratorOptions(where: string, raw: unknown): DisLockOp
   if (input.ifExpireWhenFinish !== undefined && typeof input.ifExpireWhenFinish !== 'boolean') {
     fail(where, 'ifExpireWhenFinish', input.ifExpireWhenFinish, 'a boolean');
   }
+  const onBusy = input.onBusy;
+  if (onBusy !== undefined && onBusy !== 'throw' && onBusy !== 'skip') {
+    fail(where, 'onBusy', onBusy, '"throw" (reject when the lock is busy, the default) or "skip" (resolve undefined)');
+  }
   return {
     ...checkTiming(where, input),
     key: key as DisLockOptions['key'],
     ...(input.ifExpireWhenFinish !== undefined && { ifExpireWhenFinish: input.ifExpireWhenFinish }),
+    ...(onBusy !== undefined && { onBusy }),
   };
 }
 
@@ -272,6 +290,7 @@ export function resolveLockOptions(defaults: ResolvedModuleOptions, options: Loc
     lockWatchdogTimeout: options.lockWatchdogTimeout ?? defaults.lockWatchdogTimeout,
     maxRenewTimes: options.maxRenewTimes ?? defaults.maxRenewTimes,
     waitTime: options.waitTime ?? defaults.waitTime,
+    lockAtLeastFor: options.lockAtLeastFor ?? 0,
     onLockLost: options.onLockLost,
   };
 }

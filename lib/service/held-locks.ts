@@ -9,6 +9,18 @@ import type { LossReporter } from './loss-reporter';
 import { redisFailed } from './redis-failed';
 import type { WaitLine } from './wait-line';
 
+const now = (): number => performance.now();
+
+/**
+ * How long `lockAtLeastFor` still keeps `lock` taken, in whole ms rounded up (so that the key
+ * lasts at least that long after acquisition); 0 when it sets no minimum or the minimum has passed.
+ */
+function minimumLeft(lock: HeldLock): number {
+  const { lockAtLeastFor } = lock.options;
+  if (lockAtLeastFor <= 0) return 0;
+  return Math.max(0, Math.ceil(lock.lockedAt + lockAtLeastFor - now()));
+}
+
 /**
  * The locks a `LockService` holds, from acquisition to release: the holds of each (outermost and
  * reentrant), the watchdog that renews them, releasing, leaving a key to expire, and noticing a
@@ -58,7 +70,7 @@ export class HeldLocks implements HoldKeeper {
       lock.keepKey = true;
       lock.stopAsked = true;
       lock.holds -= 1;
-      if (lock.holds === 0 && lock.state === 'held') this.detach(lock);
+      if (lock.holds === 0 && lock.state === 'held') await this.leaveToExpire(lock);
       return;
     }
     try {
@@ -87,7 +99,13 @@ export class HeldLocks implements HoldKeeper {
     if (lock.keepKey) {
       // The outermost method ended with `ifExpireWhenFinish: false` and this was the last
       // reentrant hold after it: leave the key to expire, as the outermost asked.
-      if (lock.state === 'held') this.detach(lock);
+      if (lock.state === 'held') await this.leaveToExpire(lock);
+      return false;
+    }
+    // A lock whose renewal was stopped (`stopRenewal()`) keeps its minimum hold as well.
+    const left = lock.state === 'held' || lock.state === 'detached' ? minimumLeft(lock) : 0;
+    if (left > 0) {
+      await this.holdOn(lock, left);
       return false;
     }
     const wasHeld = lock.state === 'held';
@@ -134,7 +152,16 @@ export class HeldLocks implements HoldKeeper {
         );
         if (lock.keepOnShutdown) return;
         try {
-          await this.store.release(lock.key, lock.owner);
+          const left = minimumLeft(lock);
+          // Within its lockAtLeastFor the lock is not given up early, not even at shutdown.
+          if (left > 0) {
+            const [outcome] = await this.store.renew([
+              { key: lock.key, owner: lock.owner, leaseMs: left, exact: true },
+            ]);
+            if (typeof outcome === 'object') throw outcome.error;
+          } else {
+            await this.store.release(lock.key, lock.owner);
+          }
         } catch (error) {
           this.logger.warn(
             `Could not release lock "${lock.name}" at shutdown (${describeError(error)}); it expires on its own`,
@@ -152,6 +179,40 @@ export class HeldLocks implements HoldKeeper {
    */
   private detachIfAsked(lock: HeldLock): void {
     if (lock.state === 'held' && lock.stopAsked && lock.holds === (lock.outerDone ? 0 : 1)) this.detach(lock);
+  }
+
+  /**
+   * The last hold ended within `lockAtLeastFor`: stop renewing and set the lease (owner-checked,
+   * never re-creating the key) to the `left` ms of that minimum, so that the key expires then
+   * instead of being deleted now; a renewal lease longer than that is cut to it. Rejects with
+   * `RedisUnavailableError` when Redis cannot be asked (the key then expires within its lease).
+   */
+  private async holdOn(lock: HeldLock, left: number): Promise<void> {
+    this.watchdog.stop(lock); // no renewal may lengthen the lease again
+    const [outcome] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: left, exact: true }]);
+    if (outcome === false) {
+      this.markLost(lock, 'not-owner', 'setting its lease for lockAtLeastFor found it gone or held by another owner');
+      return;
+    }
+    if (lock.state === 'held') this.detach(lock);
+    if (typeof outcome === 'object') throw redisFailed('release', lock.name, outcome.error);
+  }
+
+  /**
+   * Stop renewing and leave the key to expire (`ifExpireWhenFinish: false`); its lease is only
+   * lengthened, never cut, when `lockAtLeastFor` reaches past it (a watchdog lock's lease). A
+   * failure is logged: the key then expires within its lease.
+   */
+  private async leaveToExpire(lock: HeldLock): Promise<void> {
+    const left = minimumLeft(lock);
+    this.detach(lock);
+    if (left === 0 || !lock.renewing) return; // a fixed lease is never shorter than lockAtLeastFor
+    const [outcome] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: left }]);
+    if (typeof outcome === 'object') {
+      this.logger.warn(
+        `Keeping lock "${lock.name}" for its lockAtLeastFor failed (${describeError(outcome.error)}); it expires within its lease`,
+      );
+    }
   }
 
   /** Stop renewing and leave the key to expire. */

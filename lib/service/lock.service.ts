@@ -13,7 +13,7 @@ import {
   type ResolvedModuleOptions,
 } from '../module/dislock.options';
 import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../module/dislock.internal-constants';
-import { InvalidLockOptionsError, LockNotAcquiredError } from '../errors';
+import { InvalidLockOptionsError, LockNotAcquiredError, LockNotHeldError } from '../errors';
 import type { Handle, LockHandle } from '../core/lock-handle';
 import { LockScope } from '../core/lock-scope';
 import type { LockStore } from '../store/lock-store.interface';
@@ -38,12 +38,13 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   private readonly line: WaitLine;
   private readonly held: HeldLocks;
   private readonly acquisition: Acquisition;
+  private readonly logger = new Logger('DisLock');
 
   constructor(
     @Inject(DISLOCK_RESOLVED_OPTIONS) private readonly options: ResolvedModuleOptions,
     @Inject(DISLOCK_STORE) private readonly store: LockStore,
   ) {
-    const logger = new Logger('DisLock');
+    const logger = this.logger;
     this.line = new WaitLine(store, this.scope, this.gate);
     this.held = new HeldLocks(store, logger, this.scope, new LossReporter(options, logger, this.scope), this.line);
     this.acquisition = new Acquisition(options, store, this.scope, this.held, this.line, this.gate);
@@ -101,14 +102,38 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     return this.scope.find(name === undefined ? undefined : this.options.keyPrefix + name);
   }
 
+  /**
+   * Throws `LockNotHeldError` unless the running async call chain holds the lock `name` (any lock
+   * when omitted), for code that must only ever run under one. Sees what `current` sees: locks
+   * taken by `@DisLock` and `withLock`, across awaits and timers started under them.
+   */
+  assertLocked(name?: string): void {
+    if (name !== undefined) this.checkName(name);
+    if (!this.current(name)) throw new LockNotHeldError(name);
+  }
+
   // ---- used by the interceptor -------------------------------------------------------------
 
-  /** @internal Acquire for a decorated method; rejects with `LockNotAcquiredError` when busy. */
-  async acquireFor(name: string, options: LockOptions, keepOnShutdown: boolean, cancel?: AbortSignal): Promise<Handle> {
+  /**
+   * @internal Acquire for a decorated method. When the lock stays busy: rejects with
+   * `LockNotAcquiredError`, or (`onBusy: 'skip'`) logs at debug level and resolves `null`.
+   */
+  async acquireFor(
+    name: string,
+    options: LockOptions,
+    keepOnShutdown: boolean,
+    onBusy: 'throw' | 'skip',
+    cancel?: AbortSignal,
+  ): Promise<Handle | null> {
     const resolved = resolveLockOptions(this.options, options);
     const handle = await this.acquisition.acquire(name, resolved, keepOnShutdown, cancel);
-    if (!handle) throw new LockNotAcquiredError(name, resolved.waitTime);
-    return handle;
+    if (handle) return handle;
+    if (onBusy === 'throw') throw new LockNotAcquiredError(name, resolved.waitTime);
+    if (!cancel?.aborted) {
+      const waited = resolved.waitTime > 0 ? ` after waiting ${resolved.waitTime} ms` : '';
+      this.logger.debug(`Lock "${name}" is held by another owner${waited}: skipped the call (onBusy: 'skip')`);
+    }
+    return null;
   }
 
   /** @internal Run `fn` with `handle` as part of the async call chain's held locks. */

@@ -78,6 +78,12 @@ export interface RenewRequest {
   readonly key: string;
   readonly owner: string;
   readonly leaseMs: number;
+  /**
+   * Set the lease to exactly `leaseMs`, even when that shortens it (a hold that ended before its
+   * `lockAtLeastFor`: the key is to expire then, not later). Default: the lease is at least
+   * `leaseMs` afterwards, never shortened.
+   */
+  readonly exact?: boolean;
 }
 
 /** Outcome of one renewal: `true` renewed, `false` not the owner (nothing changed), or why it could not be asked. */
@@ -124,8 +130,8 @@ export interface LockStore {
   /** Whether `owner` still holds `key` (for a reentrant acquisition); changes nothing. */
   check(key: string, owner: string): Promise<CheckResult>;
   /**
-   * Reset the lease of each lock whose owner still holds it, in as few round trips as the backend
-   * allows. One outcome per request, in order; never rejects (a failed call gives its requests an
+   * Reset the lease of each lock whose owner still holds it (never re-creating a key), in as few
+   * round trips as the backend allows. One outcome per request, in order; never rejects (a failed call gives its requests an
    * `{ error }` outcome).
    */
   renew(requests: readonly RenewRequest[]): Promise<RenewOutcome[]>;

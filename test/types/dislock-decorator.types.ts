@@ -246,3 +246,18 @@ export function refusedMethods(): unknown[] {
 
   return [Provider, SyncController];
 }
+
+export function scheduledJobOptions(): unknown[] {
+  class Jobs {
+    @DisLock({ key: 'tick', onBusy: 'skip', lockAtLeastFor: 150, expire: 1_000 })
+    async tick(): Promise<void> {}
+
+    @DisLock({ key: 'tick', onBusy: 'throw' })
+    async strict(): Promise<void> {}
+
+    // @ts-expect-error onBusy is 'throw' or 'skip'
+    @DisLock({ key: 'tick', onBusy: 'ignore' })
+    async other(): Promise<void> {}
+  }
+  return [Jobs];
+}

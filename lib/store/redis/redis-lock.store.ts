@@ -302,7 +302,10 @@ export class RedisLockStore implements LockStore {
         calls.push({
           indexes,
           keys: indexes.map((i) => requests[i].key),
-          args: indexes.flatMap((i) => [requests[i].owner, requests[i].leaseMs]),
+          args: indexes.flatMap((i) => [
+            requests[i].owner,
+            requests[i].exact ? -requests[i].leaseMs : requests[i].leaseMs,
+          ]),
         });
       }
     }

@@ -6,10 +6,13 @@ import { LuaScript } from './lua-script';
  *
  * KEYS[i]      a lock hash (all in one hash slot when the server is a Cluster)
  * ARGV[2i-1]   the owner id expected in KEYS[i]
- * ARGV[2i]     the lease in ms for KEYS[i]
+ * ARGV[2i]     the lease in ms for KEYS[i]; negative: set the lease to exactly -ARGV[2i] ms, shorter
+ *              or longer than it is (a hold that ends before `lockAtLeastFor` leaves the key to
+ *              expire at that moment)
  *
  * Returns one number per key, in order: 1 when renewed (its lease is at least ARGV[2i] afterwards,
- * never shortened), 0 when the key is gone, holds another owner, or is not a hash.
+ * never shortened; or exactly -ARGV[2i]), 0 when the key is gone, holds another owner, or is not a
+ * hash.
  *
  * A lock granted by a release to the head of its line (value 0, see line.lua.ts) is taken up by
  * its first renewal: the value becomes 1, so that a later attempt from the head's line cannot
@@ -26,7 +29,9 @@ for i, key in ipairs(KEYS) do
   ${RAISE_UNLESS_WRONGTYPE_LUA('held')}
   if held then
     if held == '0' then redis.call('hset', key, owner, 1) end
-    if redis.call('pttl', key) < lease then
+    if lease < 0 then
+      redis.call('pexpire', key, -lease)
+    elseif redis.call('pttl', key) < lease then
       redis.call('pexpire', key, lease)
     end
     renewed[i] = 1
