@@ -14,7 +14,8 @@ import {
 } from 'nestjs-dislock';
 import { type Observable, lastValueFrom, of, toArray } from 'rxjs';
 import { createTestApp, type TestApp } from './support/app';
-import { FakeInterval, INTERVAL_TYPE, SCHEDULER_TYPE, startIntervals } from './support/mini-scheduler';
+import { Cron, Interval, ScheduleModule } from '@nestjs/schedule';
+import { FakeInterval, INTERVAL_TYPE, startIntervals } from './support/mini-scheduler';
 import { RedisServer } from './support/redis-server';
 import { eventually, sharedClient, sleep, uniquePrefix } from './support/shared-redis';
 import { gate } from './support/async';
@@ -283,7 +284,7 @@ class Ordered {
   constructor(readonly locks: LockService) {}
 
   // @DisLock applied first (it is nearest the method), the interval metadata after it.
-  @FakeInterval(200)
+  @Interval(200)
   @SetMetadata(MARK, 'above')
   @DisLock({ key: 'order-above', onBusy: 'skip' })
   async above(): Promise<string> {
@@ -294,18 +295,19 @@ class Ordered {
   // The interval metadata first, @DisLock wrapping a method that already carries it.
   @DisLock({ key: 'order-below', onBusy: 'skip' })
   @SetMetadata(MARK, 'below')
-  @FakeInterval(300)
+  @Interval(300)
   async below(): Promise<string> {
     this.runs.push(`below:${this.locks.current()?.name ?? 'none'}`);
     return 'below';
   }
 }
 
-describe('decorator order with @Interval-style metadata', () => {
+describe('decorator order with @nestjs/schedule', () => {
   let t: TestApp;
 
   beforeAll(async () => {
-    t = await createTestApp([Ordered]);
+    // ScheduleModule starts the intervals it finds when the application starts.
+    t = await createTestApp([Ordered], {}, [ScheduleModule.forRoot()]);
   });
 
   afterAll(async () => {
@@ -320,22 +322,17 @@ describe('decorator order with @Interval-style metadata', () => {
       [instance.below, 'below', 300],
     ] as const) {
       expect(reflector.get(MARK, method)).toBe(mark);
-      expect(reflector.get(SCHEDULER_TYPE, method)).toBe(INTERVAL_TYPE);
+      expect(reflector.get('SCHEDULER_TYPE', method)).toBe(INTERVAL_TYPE); // SchedulerType.INTERVAL, not exported
       expect(reflector.get('SCHEDULE_INTERVAL_OPTIONS', method)).toEqual({ timeout });
       expect(Reflect.getMetadata(DISLOCK_METADATA, method)).toHaveLength(1);
       expect(method.name).toBe(mark);
     }
   });
 
-  it('a scheduler reading that metadata runs the locked method, under its lock, in both orders', async () => {
+  it('ScheduleModule runs the locked method, under its lock, in both orders', async () => {
     const instance = t.get(Ordered);
-    const stop = startIntervals(t.app, [Ordered]);
-    try {
-      expect(await eventually(() => instance.runs.includes('above:order-above'), 2_000)).toBe(true);
-      expect(await eventually(() => instance.runs.includes('below:order-below'), 2_000)).toBe(true);
-    } finally {
-      stop();
-    }
+    expect(await eventually(() => instance.runs.includes('above:order-above'), 2_000)).toBe(true);
+    expect(await eventually(() => instance.runs.includes('below:order-below'), 2_000)).toBe(true);
     expect(instance.runs.every((run) => !run.endsWith(':none'))).toBe(true);
   });
 });
@@ -672,4 +669,47 @@ describe('three instances share an interval job', () => {
       perTick.size,
     );
   });
+});
+
+@Injectable()
+class CronJob {
+  constructor(@Inject(RUNS) private readonly log: RunLog) {}
+
+  // Every second, on the wall clock: all instances fire together, as @Cron does on several machines.
+  @Cron('* * * * * *')
+  @DisLock({ key: 'cron-tick', onBusy: 'skip', lockAtLeastFor: 500 })
+  async tick(): Promise<void> {
+    await this.log.client.rpush(this.log.list, `${Date.now()}:${this.log.instance}`);
+    await sleep(20);
+  }
+}
+
+describe('three instances share a @Cron job (@nestjs/schedule)', () => {
+  const prefix = uniquePrefix('cron');
+  const list = `${prefix}runs`;
+
+  it('each second runs the job exactly once, on one of them', async () => {
+    const apps: TestApp[] = [];
+    try {
+      for (let i = 0; i < 3; i += 1) {
+        apps.push(
+          await createTestApp(
+            [CronJob, { provide: RUNS, useValue: { client: redis, list, instance: `app${i}` } }],
+            { keyPrefix: prefix },
+            [ScheduleModule.forRoot()],
+          ),
+        );
+      }
+      const from = Math.ceil(Date.now() / 1000) + 1; // the first whole second all three see
+      await sleep(from * 1000 + 4_000 - Date.now());
+    } finally {
+      await Promise.all(apps.map((app) => app.close())); // stops the cron jobs
+    }
+    const runs = (await redis.lrange(list, 0, -1)).map((entry) => Number(entry.split(':')[0]));
+    const seconds = new Map<number, number>();
+    for (const at of runs) seconds.set(Math.floor(at / 1000), (seconds.get(Math.floor(at / 1000)) ?? 0) + 1);
+    const counted = [...seconds.entries()].filter(([second]) => second >= Math.ceil(runs[0] / 1000));
+    expect(counted.length).toBeGreaterThanOrEqual(3);
+    expect(counted.every(([, count]) => count === 1)).toBe(true);
+  }, 15_000);
 });

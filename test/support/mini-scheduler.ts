@@ -3,13 +3,14 @@ import { applyDecorators, type INestApplicationContext, SetMetadata, type Type }
 /**
  * The metadata `@Interval(ms)` of @nestjs/schedule stores (same keys and shape, see its
  * `lib/decorators/interval.decorator.ts` and `lib/schedule.constants.ts`): three `SetMetadata`
- * calls on the method, nothing else. Stands in for it while @nestjs/schedule is not a devDependency.
+ * calls on the method, nothing else. Used where the test must set each instance's phase itself (the real `@Interval` starts when its
+ * application does).
  */
 export const SCHEDULE_INTERVAL_OPTIONS = 'SCHEDULE_INTERVAL_OPTIONS';
 export const SCHEDULER_NAME = 'SCHEDULER_NAME';
 export const SCHEDULER_TYPE = 'SCHEDULER_TYPE';
 /** `SchedulerType.INTERVAL` in @nestjs/schedule. */
-export const INTERVAL_TYPE = 2;
+export const INTERVAL_TYPE = 3;
 
 export function FakeInterval(timeout: number): MethodDecorator {
   return applyDecorators(
