@@ -18,7 +18,7 @@ import { Cron, Interval, ScheduleModule } from '@nestjs/schedule';
 import { FakeInterval, INTERVAL_TYPE, startIntervals } from './support/mini-scheduler';
 import { RedisServer } from './support/redis-server';
 import { eventually, sharedClient, sleep, uniquePrefix } from './support/shared-redis';
-import { gate } from './support/async';
+import { gate, thrown } from './support/async';
 
 let redis: Redis;
 /** Nest's debug lines (a skipped call logs one), kept off the console. */
@@ -41,16 +41,6 @@ async function rejection(promise: Promise<unknown>): Promise<unknown> {
     },
     (reason: unknown) => reason,
   );
-}
-
-/** What a function threw (synchronously). */
-function thrown(fn: () => unknown): unknown {
-  try {
-    fn();
-  } catch (error) {
-    return error;
-  }
-  return undefined;
 }
 
 function defineLocked(options: unknown): Type<unknown> {

@@ -14,6 +14,7 @@ import {
 import type { Redis } from 'ioredis';
 import { createTestApp, type TestApp } from './support/app';
 import { sharedClient, sharedRedisUrl } from './support/shared-redis';
+import { thrown } from './support/async';
 
 /** Defines a class whose method carries `@DisLock(options)`; the decorator runs right here. */
 function defineLocked(options: unknown): Type<unknown> {
@@ -22,16 +23,6 @@ function defineLocked(options: unknown): Type<unknown> {
     async method(): Promise<void> {}
   }
   return Locked;
-}
-
-/** What a function threw (synchronously). */
-function thrown(fn: () => unknown): unknown {
-  try {
-    fn();
-  } catch (error) {
-    return error;
-  }
-  return undefined;
 }
 
 function expectInvalid(error: unknown, option: string): InvalidLockOptionsError {
