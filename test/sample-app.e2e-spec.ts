@@ -230,6 +230,22 @@ describe('sample app: two instances on one Redis', () => {
     });
   });
 
+  describe('the digest job (@Cron every second, onBusy: skip, lockAtLeastFor)', () => {
+    it('runs once per second across both instances, never twice in one', async () => {
+      const list = `${prefix}digests`;
+      const from = Math.floor(Date.now() / 1000) + 1; // whole seconds from the next one on
+      await sleep((from + 3) * 1000 + 200 - Date.now());
+      const seconds = new Map<number, string[]>();
+      for (const entry of await redis.lrange(list, 0, -1)) {
+        const [at, instance] = entry.split(':');
+        const second = Math.floor(Number(at) / 1000);
+        if (second >= from && second < from + 3) seconds.set(second, [...(seconds.get(second) ?? []), instance]);
+      }
+      expect([...seconds.keys()].sort()).toEqual([from, from + 1, from + 2]);
+      for (const runs of seconds.values()) expect(runs).toHaveLength(1);
+    });
+  });
+
   describe('shutdown', () => {
     it('app.close() releases the locks an instance holds and closes its Redis connection', async () => {
       const c = await boot('C');

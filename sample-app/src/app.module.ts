@@ -1,6 +1,8 @@
 import { type DynamicModule, Module } from '@nestjs/common';
+import { ScheduleModule } from '@nestjs/schedule';
 import { DisLockModule } from 'nestjs-dislock';
 import { APP_CONFIG, type AppConfigInput, resolveConfig } from './app.config';
+import { DigestJob } from './digest/digest.job';
 import { InventoryController } from './inventory/inventory.controller';
 import { InventoryService } from './inventory/inventory.service';
 import { OrdersController } from './orders/orders.controller';
@@ -24,6 +26,8 @@ export class AppModule {
           // Lease of every lock that sets no `expire` of its own (here: reports and inventory).
           lockWatchdogTimeout: config.lockWatchdogTimeout,
         }),
+        // Runs DigestJob's @Cron on every instance; its lock lets one of them do it per tick.
+        ScheduleModule.forRoot(),
       ],
       controllers: [OrdersController, ReportController, InventoryController],
       providers: [
@@ -33,6 +37,7 @@ export class AppModule {
         ReportService,
         ReportArchive,
         InventoryService,
+        DigestJob,
       ],
     };
   }
