@@ -34,6 +34,23 @@ export interface HolderWorkerConfig {
   deadlineMs: number;
 }
 
+/**
+ * Configuration of cron-job.worker.ts: a job that the process schedules every `periodMs` on a
+ * clock that runs `skewMs` ahead of the real one (behind when negative), under
+ * `@DisLock({ key: 'job', onBusy: 'skip', lockAtLeastFor, expire })`.
+ */
+export interface CronWorkerConfig {
+  redis: string;
+  keyPrefix: string;
+  instance: string;
+  periodMs: number;
+  skewMs: number;
+  jobMs: number;
+  lockAtLeastFor: number;
+  expire: number;
+  deadlineMs: number;
+}
+
 /** What one counter worker did, sent when it is done. */
 export interface CounterReport {
   /** Increments written (must equal `iterations`). */
