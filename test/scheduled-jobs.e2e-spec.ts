@@ -14,7 +14,7 @@ import {
 } from 'nestjs-dislock';
 import { type Observable, lastValueFrom, of, toArray } from 'rxjs';
 import { createTestApp, type TestApp } from './support/app';
-import { Cron, Interval, ScheduleModule } from '@nestjs/schedule';
+import { Cron, Interval, ScheduleModule, Timeout } from '@nestjs/schedule';
 import { FakeInterval, INTERVAL_TYPE, startIntervals } from './support/mini-scheduler';
 import { RedisServer } from './support/redis-server';
 import { eventually, sharedClient, sleep, uniquePrefix } from './support/shared-redis';
@@ -702,4 +702,42 @@ describe('three instances share a @Cron job (@nestjs/schedule)', () => {
     expect(counted.length).toBeGreaterThanOrEqual(3);
     expect(counted.every(([, count]) => count === 1)).toBe(true);
   }, 15_000);
+});
+
+@Injectable()
+class StartupJob {
+  constructor(@Inject(RUNS) private readonly log: RunLog) {}
+
+  // Once, 100 ms after each instance starts: a start-up task that must run on one instance only.
+  @Timeout(100)
+  @DisLock({ key: 'startup', onBusy: 'skip', lockAtLeastFor: 5_000 })
+  async warmUp(): Promise<void> {
+    await this.log.client.rpush(this.log.list, `${Date.now()}:${this.log.instance}`);
+  }
+}
+
+describe('three instances share a @Timeout job (@nestjs/schedule)', () => {
+  const prefix = uniquePrefix('timeout');
+  const list = `${prefix}runs`;
+
+  it('runs on one instance; the others, starting within lockAtLeastFor, skip it', async () => {
+    const apps: TestApp[] = [];
+    try {
+      for (let i = 0; i < 3; i += 1) {
+        apps.push(
+          await createTestApp(
+            [StartupJob, { provide: RUNS, useValue: { client: redis, list, instance: `app${i}` } }],
+            { keyPrefix: prefix },
+            [ScheduleModule.forRoot()],
+          ),
+        );
+      }
+      await sleep(400); // every instance's timeout has fired
+      const runs = await redis.lrange(list, 0, -1);
+      expect(runs).toHaveLength(1);
+      expect(await redis.pttl(`${prefix}startup`)).toBeGreaterThan(0); // still kept for lockAtLeastFor
+    } finally {
+      await Promise.all(apps.map((app) => app.close()));
+    }
+  });
 });
