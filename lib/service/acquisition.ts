@@ -157,9 +157,10 @@ export class Acquisition implements Attempter {
    * Hold a lock that a release granted to `seat` (the head of the store's line): at once, with no
    * request, while at least half of the grant's lease surely runs (its token says it was made
    * after the seat's last refused attempt ran, so its lease began after that attempt was sent);
-   * the watchdog's first renewal then takes it up. Otherwise (a grant older than that attempt, heard late; or
-   * that moment has passed: a slow event loop), a renewal first asks whether it still holds, and
-   * takes it up. The handle, or -2 when the grant has lapsed (try again as a newcomer would).
+   * the watchdog's first renewal then takes it up. Otherwise (a grant older than that attempt,
+   * heard late; or that moment has passed: a slow event loop), a renewal first asks whether it
+   * still holds, and takes it up. The handle, or -2 when the grant has lapsed (try again as a
+   * newcomer would).
    */
   async adopt(
     name: string,
@@ -184,7 +185,7 @@ export class Acquisition implements Attempter {
     const [outcome] = await this.store.renew([{ key, owner: grant.owner, leaseMs: leaseOf(options) }]);
     if (typeof outcome === 'object') throw redisFailed('acquire', name, outcome.error);
     if (!outcome) return -2;
-    return this.keepInTime(name, key, grant.owner, grant.token, options, sentAt, keepOnShutdown, undefined);
+    return this.keepInTime(name, key, grant.owner, grant.token, options, sentAt, keepOnShutdown);
   }
 
   /** Keep a lock the store has just given `owner` by a request sent at `sentAt`, unless its answer came too late. */

@@ -4,7 +4,7 @@ import type { Handle, HeldLock, HoldKeeper, LockHandle } from '../core/lock-hand
 import type { LockScope } from '../core/lock-scope';
 import { Watchdog } from '../core/watchdog';
 import { LockLostError, type LockLostReason, RedisUnavailableError } from '../errors';
-import type { LockStore } from '../store/lock-store.interface';
+import type { LockStore, RenewOutcome } from '../store/lock-store.interface';
 import type { LossReporter } from './loss-reporter';
 import { redisFailed } from './redis-failed';
 import type { WaitLine } from './wait-line';
@@ -155,9 +155,7 @@ export class HeldLocks implements HoldKeeper {
           const left = minimumLeft(lock);
           // Within its lockAtLeastFor the lock is not given up early, not even at shutdown.
           if (left > 0) {
-            const [outcome] = await this.store.renew([
-              { key: lock.key, owner: lock.owner, leaseMs: left, exact: true },
-            ]);
+            const outcome = await this.setLease(lock, left, true);
             if (typeof outcome === 'object') throw outcome.error;
           } else {
             await this.store.release(lock.key, lock.owner);
@@ -189,7 +187,7 @@ export class HeldLocks implements HoldKeeper {
    */
   private async holdOn(lock: HeldLock, left: number): Promise<void> {
     this.watchdog.stop(lock); // no renewal may lengthen the lease again
-    const [outcome] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: left, exact: true }]);
+    const outcome = await this.setLease(lock, left, true);
     if (outcome === false) {
       this.markLost(lock, 'not-owner', 'setting its lease for lockAtLeastFor found it gone or held by another owner');
       return;
@@ -207,12 +205,18 @@ export class HeldLocks implements HoldKeeper {
     const left = minimumLeft(lock);
     this.detach(lock);
     if (left === 0 || !lock.renewing) return; // a fixed lease is never shorter than lockAtLeastFor
-    const [outcome] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs: left }]);
+    const outcome = await this.setLease(lock, left, false);
     if (typeof outcome === 'object') {
       this.logger.warn(
         `Keeping lock "${lock.name}" for its lockAtLeastFor failed (${describeError(outcome.error)}); it expires within its lease`,
       );
     }
+  }
+
+  /** One renewal of `lock` outside the watchdog: its lease made `leaseMs`, or at least that unless `exact`. */
+  private async setLease(lock: HeldLock, leaseMs: number, exact: boolean): Promise<RenewOutcome> {
+    const [outcome] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, exact }]);
+    return outcome;
   }
 
   /** Stop renewing and leave the key to expire. */

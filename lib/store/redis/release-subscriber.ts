@@ -78,7 +78,7 @@ class Watch implements ReleaseWatch {
    */
   heard(head: string, second: string, token: string): void {
     const place = this.place;
-    if (head !== '' && head === place?.id && token !== '') {
+    if (head === place?.id && token !== '') {
       this.grant = { owner: `${head}:${token}`, token: Number(token), leaseMs: this.grantMs };
     }
     if (!place?.inLine || head === '' || head === place.id) {

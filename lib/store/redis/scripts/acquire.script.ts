@@ -77,11 +77,10 @@ if free and redis.call('exists', line) == 1 then
   local head = redis.call('zrange', line, 0, 0)[1]
   if head and head ~= waiter then
     if waiter ~= '' then take_place() end
-    do
-      local message, sharded, grant, waiting = ARGV[6], ARGV[5], tonumber(ARGV[7]), true
-      ${GRANT_LUA}
-    end
-    return {0, -3, tonumber(redis.call('get', fence)) or 0}
+    local message, sharded, grant, waiting = ARGV[6], ARGV[5], tonumber(ARGV[7]), true
+    ${GRANT_LUA}
+    -- the grant's token is the slot's last one now
+    return {0, -3, tonumber(granted)}
   end
   if head then
     redis.call('zrem', line, waiter)
