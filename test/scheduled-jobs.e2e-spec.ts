@@ -1,4 +1,4 @@
-import { Inject, Injectable, Logger, SetMetadata, type Type } from '@nestjs/common';
+import { type DynamicModule, Inject, Injectable, Logger, SetMetadata, type Type } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
 import type { Redis } from 'ioredis';
 import {
@@ -586,10 +586,27 @@ describe('LockService.assertLocked', () => {
 
 const RUNS = Symbol('runs');
 
-interface RunLog {
-  readonly client: Redis;
-  readonly list: string;
-  readonly instance: string;
+/** Where the instances of one test record their runs: `<Date.now()>:<instance>` entries of `list`. */
+class RunLog {
+  constructor(
+    readonly list: string,
+    readonly instance: string,
+  ) {}
+
+  async record(): Promise<void> {
+    await redis.rpush(this.list, `${Date.now()}:${this.instance}`);
+  }
+}
+
+/** Instance `i` of an application running `job` under `prefix`, recording its runs in `list`. */
+function startInstance(
+  job: Type<object>,
+  prefix: string,
+  list: string,
+  i: number,
+  imports: DynamicModule[] = [],
+): Promise<TestApp> {
+  return createTestApp([job, { provide: RUNS, useValue: new RunLog(list, `app${i}`) }], { keyPrefix: prefix }, imports);
 }
 
 @Injectable()
@@ -599,7 +616,7 @@ class TickAbove {
   @FakeInterval(200)
   @DisLock({ key: 'tick', onBusy: 'skip', lockAtLeastFor: 150 })
   async tick(): Promise<void> {
-    await this.log.client.rpush(this.log.list, `${Date.now()}:${this.log.instance}`);
+    await this.log.record();
     await sleep(20);
   }
 }
@@ -611,7 +628,7 @@ class TickBelow {
   @DisLock({ key: 'tick', onBusy: 'skip', lockAtLeastFor: 150 })
   @FakeInterval(200)
   async tick(): Promise<void> {
-    await this.log.client.rpush(this.log.list, `${Date.now()}:${this.log.instance}`);
+    await this.log.record();
     await sleep(20);
   }
 }
@@ -628,11 +645,7 @@ describe('three instances share an interval job', () => {
   it('each tick runs exactly once across the three', async () => {
     debug.mockClear();
     for (const [i, type] of [TickAbove, TickBelow, TickAbove].entries()) {
-      apps.push(
-        await createTestApp([type, { provide: RUNS, useValue: { client: redis, list, instance: `app${i}` } }], {
-          keyPrefix: prefix,
-        }),
-      );
+      apps.push(await startInstance(type, prefix, list, i));
     }
     // The instances' schedulers start 0, 30 and 60 ms apart, as on three machines.
     const start = Date.now();
@@ -669,7 +682,7 @@ class CronJob {
   @Cron('* * * * * *')
   @DisLock({ key: 'cron-tick', onBusy: 'skip', lockAtLeastFor: 500 })
   async tick(): Promise<void> {
-    await this.log.client.rpush(this.log.list, `${Date.now()}:${this.log.instance}`);
+    await this.log.record();
     await sleep(20);
   }
 }
@@ -682,13 +695,7 @@ describe('three instances share a @Cron job (@nestjs/schedule)', () => {
     const apps: TestApp[] = [];
     try {
       for (let i = 0; i < 3; i += 1) {
-        apps.push(
-          await createTestApp(
-            [CronJob, { provide: RUNS, useValue: { client: redis, list, instance: `app${i}` } }],
-            { keyPrefix: prefix },
-            [ScheduleModule.forRoot()],
-          ),
-        );
+        apps.push(await startInstance(CronJob, prefix, list, i, [ScheduleModule.forRoot()]));
       }
       const from = Math.ceil(Date.now() / 1000) + 1; // the first whole second all three see
       await sleep(from * 1000 + 4_000 - Date.now());
@@ -712,7 +719,7 @@ class StartupJob {
   @Timeout(100)
   @DisLock({ key: 'startup', onBusy: 'skip', lockAtLeastFor: 5_000 })
   async warmUp(): Promise<void> {
-    await this.log.client.rpush(this.log.list, `${Date.now()}:${this.log.instance}`);
+    await this.log.record();
   }
 }
 
@@ -724,13 +731,7 @@ describe('three instances share a @Timeout job (@nestjs/schedule)', () => {
     const apps: TestApp[] = [];
     try {
       for (let i = 0; i < 3; i += 1) {
-        apps.push(
-          await createTestApp(
-            [StartupJob, { provide: RUNS, useValue: { client: redis, list, instance: `app${i}` } }],
-            { keyPrefix: prefix },
-            [ScheduleModule.forRoot()],
-          ),
-        );
+        apps.push(await startInstance(StartupJob, prefix, list, i, [ScheduleModule.forRoot()]));
       }
       await sleep(400); // every instance's timeout has fired
       const runs = await redis.lrange(list, 0, -1);
