@@ -9,6 +9,7 @@ export type {
 export { LockService } from './service/lock.service';
 export { DisLockExceptionFilter } from './decorator/dislock-exception.filter';
 export type { LockHandle } from './core/lock-handle';
+export type { LockSetHandle } from './core/lock-set';
 export type { LockLostEvent, LockLostHandler } from './core/lock-lost.event';
 export { DISLOCK_METADATA } from './module/dislock.constants';
 export { DISLOCK_MODULE_OPTIONS } from './module/dislock.module-definition';
@@ -19,6 +20,7 @@ export {
   type DisLockModuleOptions,
   type DisLockOptions,
   type LockKey,
+  type LockMode,
   type LockOptions,
   type LockTimingOptions,
   type PerLockOptions,

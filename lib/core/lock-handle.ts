@@ -151,6 +151,11 @@ export class HeldLock implements Scheduled {
     return (this.abortController ??= new AbortController());
   }
 
+  /** A shared hold (a reader's, or a semaphore's permit) rather than an exclusive one. */
+  get shared(): boolean {
+    return this.options.mode === 'read' || this.options.permits > 0;
+  }
+
   /** Whether the watchdog renews this lock (no fixed `expire`). */
   get renewing(): boolean {
     return this.options.expire <= 0;

@@ -44,6 +44,9 @@ function copyIdentity(from: AnyMethod, to: AnyMethod): void {
  * @DisLock({ key: 'user:{0.id}', expire: 5_000 })       // fixed 5 s lease, never renewed
  * @DisLock({ key: (job: Job) => `job:${job.id}`, waitTime: 2_000 })
  * @DisLock({ key: 'report', onBusy: 'skip', lockAtLeastFor: 10_000 }) // a scheduled job: once per tick
+ * @DisLock({ key: 'catalog', mode: 'read' })            // a read-write lock: readers share it
+ * @DisLock({ key: 'export', permits: 3 })               // a semaphore: at most 3 at once
+ * @DisLock({ key: ['account:{0}', 'account:{1}'] })     // a multi-lock: both or neither
  * ```
  *
  * Works on any method of a class built by Nest (controllers and plain providers alike). Options are
@@ -126,9 +129,11 @@ export function DisLock(optionsOrKey: DisLockOptions | LockKey): DisLockDecorato
   return decorate;
 }
 
-function compileWithContext(where: string, key: LockKey): LockedMethodSpec['resolveKey'] {
+function compileWithContext(where: string, key: LockKey | readonly LockKey[]): LockedMethodSpec['resolveKey'] {
   try {
-    return compileKey(key);
+    if (typeof key === 'string' || typeof key === 'function') return compileKey(key);
+    const parts = key.map((part) => compileKey(part));
+    return (args) => parts.map((resolve) => resolve(args));
   } catch (error) {
     if (error instanceof InvalidLockOptionsError) {
       throw new InvalidLockOptionsError('key', error.message.replace(/^@DisLock/, where));

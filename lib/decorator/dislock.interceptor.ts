@@ -15,8 +15,7 @@ import {
 } from 'rxjs';
 import type { DisLockOptions } from '../module/dislock.options';
 import type { KeyResolver } from './key-template';
-import type { Handle } from '../core/lock-handle';
-import { LockService } from '../service/lock.service';
+import { type Held, LockService } from '../service/lock.service';
 import { LockedResult } from './locked-result';
 import { isPromiseLike } from '../core/promise-like';
 
@@ -24,7 +23,8 @@ import { isPromiseLike } from '../core/promise-like';
 export interface LockedMethodSpec {
   /** `ClassName.method`, for messages. */
   readonly where: string;
-  readonly resolveKey: KeyResolver;
+  /** The lock name from the arguments, or a multi-lock's names. */
+  readonly resolveKey: KeyResolver | ((args: readonly unknown[]) => readonly string[]);
   /** Validated timing options; module defaults fill the rest at call time. */
   readonly options: Omit<DisLockOptions, 'key' | 'ifExpireWhenFinish' | 'onBusy'>;
   readonly releaseOnFinish: boolean;
@@ -92,9 +92,9 @@ export class DisLockInterceptor {
    * Unsubscribing before that stops a wait in progress, and a lock that is granted after the
    * subscriber left is released at once, never leaked.
    */
-  private acquire(spec: LockedMethodSpec, args: readonly unknown[]): Observable<Handle> {
-    return new Observable<Handle>((subscriber) => {
-      let name: string;
+  private acquire(spec: LockedMethodSpec, args: readonly unknown[]): Observable<Held> {
+    return new Observable<Held>((subscriber) => {
+      let name: string | readonly string[];
       try {
         name = spec.resolveKey(args); // throws KeyResolutionError before Redis is touched
       } catch (error) {
@@ -129,7 +129,7 @@ export class DisLockInterceptor {
     });
   }
 
-  private runLocked(spec: LockedMethodSpec, handle: Handle, invoke: () => unknown): Observable<unknown> {
+  private runLocked(spec: LockedMethodSpec, handle: Held, invoke: () => unknown): Observable<unknown> {
     let finished: Promise<void> | undefined;
     const finish = (): Promise<void> => (finished ??= this.locks.finish(handle, spec.releaseOnFinish));
     const afterFinish = defer(finish).pipe(ignoreElements());

@@ -1,6 +1,7 @@
 export * from './dislock.error';
 export * from './lock-not-acquired.error';
 export * from './lock-not-held.error';
+export * from './lock-upgrade.error';
 export * from './invalid-options.error';
 export * from './key-resolution.error';
 export * from './redis-unavailable.error';

@@ -35,7 +35,25 @@ export interface PerLockOptions extends LockTimingOptions {
    * either replaces the default warning.
    */
   onLockLost?: LockLostHandler;
+  /**
+   * A read-write lock: `'read'` is shared with every other reader, `'write'` excludes everyone (it
+   * is the same hold as a plain lock of the name). Waiters are served in arrival order across
+   * processes, so a writer is never starved by readers that come after it. A call chain holding
+   * the write lock may take the read lock (it re-enters); one holding only the read lock cannot
+   * take the write lock (`LockUpgradeError`, at once). Default: `'write'`.
+   */
+  mode?: LockMode;
+  /**
+   * A semaphore: at most `permits` holders of the name at once, across processes, each with its
+   * own lease and renewal. An acquisition is admitted while fewer holders than its own `permits`
+   * hold: lowering it for a name admits nobody new until enough holders have gone, raising it
+   * admits more at once. Not with `mode`, nor over Redlock.
+   */
+  permits?: number;
 }
+
+/** `'read'`: shared with other readers; `'write'`: exclusive. */
+export type LockMode = 'read' | 'write';
 
 /** Options of `LockService.tryLock`, `lock` and `withLock`. */
 export interface LockOptions extends PerLockOptions {
@@ -49,8 +67,11 @@ export interface LockOptions extends PerLockOptions {
 
 /** Options of `@DisLock`. */
 export interface DisLockOptions extends PerLockOptions {
-  /** Lock name: a template over the method's own arguments, or a function of them. Required. */
-  key: LockKey;
+  /**
+   * Lock name: a template over the method's own arguments, or a function of them. Required. An
+   * array locks every name it resolves to, all or nothing (a multi-lock; exclusive holds only).
+   */
+  key: LockKey | readonly LockKey[];
   /**
    * On finish, `true` (default) releases the lock; `false` stops renewal and leaves the key to
    * expire on its own (useful to keep a job from running again within the lease).
@@ -158,6 +179,19 @@ export interface ResolvedLockOptions {
   readonly lockAtLeastFor: number;
   /** The acquisition's own hook (the module's is called as well). */
   readonly onLockLost: LockLostHandler | undefined;
+  /** `'read'`: a shared hold; `'write'`: exclusive (also every plain lock). */
+  readonly mode: LockMode;
+  /** A semaphore's holders at most; `0`: not a semaphore. */
+  readonly permits: number;
+}
+
+/**
+ * The store's `share` for an acquisition: undefined for an exclusive hold, the permits of a
+ * semaphore, or 0 (no bound) for a reader.
+ */
+export function shareOf(options: ResolvedLockOptions): number | undefined {
+  if (options.permits > 0) return options.permits;
+  return options.mode === 'read' ? 0 : undefined;
 }
 
 export const UNSET_EXPIRE = -1;

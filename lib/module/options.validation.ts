@@ -17,7 +17,13 @@ import type { LockLostHandler } from '../core/lock-lost.event';
 const MAX_DURATION_MS = 2 ** 31 - 1;
 
 const TIMING_FIELDS = ['expire', 'lockWatchdogTimeout', 'maxRenewTimes', 'waitTime'] as const;
-const PER_LOCK_FIELDS = [...TIMING_FIELDS, 'lockAtLeastFor', 'onLockLost'] as const;
+const PER_LOCK_FIELDS = [...TIMING_FIELDS, 'lockAtLeastFor', 'onLockLost', 'mode', 'permits'] as const;
+
+/** Most names one multi-lock may take. */
+export const MAX_LOCK_SET = 64;
+
+/** Most permits a semaphore may have: far beyond any real use, and small enough to count in Lua. */
+const MAX_PERMITS = 1_000_000;
 const DECORATOR_FIELDS: ReadonlySet<string> = new Set([...PER_LOCK_FIELDS, 'key', 'ifExpireWhenFinish', 'onBusy']);
 const LOCK_FIELDS: ReadonlySet<string> = new Set([...PER_LOCK_FIELDS, 'signal']);
 const MODULE_FIELDS: ReadonlySet<string> = new Set([
@@ -101,6 +107,24 @@ function checkTiming(where: string, raw: Record<string, unknown>): LockOptions {
     if (typeof raw.onLockLost !== 'function') fail(where, 'onLockLost', raw.onLockLost, 'a function (event) => void');
     out.onLockLost = raw.onLockLost as LockLostHandler;
   }
+  if (raw.mode !== undefined) {
+    if (raw.mode !== 'read' && raw.mode !== 'write') {
+      fail(where, 'mode', raw.mode, '"read" (shared with other readers) or "write" (exclusive, the default)');
+    }
+    out.mode = raw.mode;
+  }
+  if (raw.permits !== undefined) {
+    if (!isWholeMs(raw.permits) || raw.permits < 1 || raw.permits > MAX_PERMITS) {
+      fail(where, 'permits', raw.permits, `a whole number of holders from 1 to ${MAX_PERMITS}`);
+    }
+    out.permits = raw.permits;
+    if (out.mode !== undefined) {
+      throw new InvalidLockOptionsError(
+        'permits',
+        `${where}: set either "permits" (a semaphore) or "mode" (a read-write lock), not both`,
+      );
+    }
+  }
   if (
     out.lockAtLeastFor !== undefined &&
     out.expire !== undefined &&
@@ -132,7 +156,25 @@ export function validateDecoratorOptions(where: string, raw: unknown): DisLockOp
   if (key === undefined) {
     throw new InvalidLockOptionsError('key', `${where}: option "key" is required`);
   }
-  if (typeof key !== 'function' && (typeof key !== 'string' || key.length === 0)) {
+  const isName = (part: unknown): boolean => typeof part === 'function' || (typeof part === 'string' && part !== '');
+  if (Array.isArray(key)) {
+    if (key.length === 0 || key.length > MAX_LOCK_SET || !key.every(isName)) {
+      fail(
+        where,
+        'key',
+        key.find((part) => !isName(part)) ?? `an array of ${key.length}`,
+        `an array of 1 to ${MAX_LOCK_SET} template strings or functions of the method arguments (a multi-lock)`,
+      );
+    }
+    for (const option of ['mode', 'permits'] as const) {
+      if (input[option] !== undefined) {
+        throw new InvalidLockOptionsError(
+          option,
+          `${where}: a multi-lock (an array "key") takes exclusive holds only; "${option}" cannot be set with it`,
+        );
+      }
+    }
+  } else if (!isName(key)) {
     fail(where, 'key', key, 'a non-empty template string or a function of the method arguments');
   }
   if (input.ifExpireWhenFinish !== undefined && typeof input.ifExpireWhenFinish !== 'boolean') {
@@ -292,5 +334,7 @@ export function resolveLockOptions(defaults: ResolvedModuleOptions, options: Loc
     waitTime: options.waitTime ?? defaults.waitTime,
     lockAtLeastFor: options.lockAtLeastFor ?? 0,
     onLockLost: options.onLockLost,
+    mode: options.mode ?? 'write',
+    permits: options.permits ?? 0,
   };
 }

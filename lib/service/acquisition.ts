@@ -1,8 +1,8 @@
 import { Handle, HeldLock, leaseValidUntil } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
 import { OwnerIds } from '../core/owner-ids';
-import { InvalidLockOptionsError } from '../errors';
-import type { ResolvedLockOptions, ResolvedModuleOptions } from '../module/dislock.options';
+import { InvalidLockOptionsError, LockUpgradeError } from '../errors';
+import { type ResolvedLockOptions, type ResolvedModuleOptions, shareOf } from '../module/dislock.options';
 import type { Grant, LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
@@ -64,11 +64,21 @@ export class Acquisition implements Attempter {
         `Lock names starting with "${reserved}" are reserved for the library's own keys, got "${name}"`,
       );
     }
+    if (options.permits > 0 && !this.store.boundsShares) {
+      throw new InvalidLockOptionsError(
+        'permits',
+        `Lock "${name}": semaphores ("permits") are not offered over Redlock, whose nodes each count their own holders (more than "permits" could each win a majority); use a single Redis, Sentinel or a Cluster`,
+      );
+    }
     if (cancel?.aborted) return null;
     const key = this.options.keyPrefix + name;
     const deadline = now() + options.waitTime;
     const outer = this.scope.find(key)?.lock;
     if (outer) {
+      // A shared hold cannot become exclusive: the call would wait for itself.
+      if (outer.shared && shareOf(options) === undefined) {
+        throw new LockUpgradeError(name, outer.options.permits > 0 ? 'permit' : 'read');
+      }
       // Inside the outer holder's call chain: only re-enter its hold (the lease stays the outer's).
       const handle = await this.reenter(outer);
       if (handle) return handle;
@@ -83,7 +93,7 @@ export class Acquisition implements Attempter {
     // if the lock is busy. Otherwise join the local line, so that a newcomer cannot take the lock
     // from under waiters that came first.
     if (!this.line.hasWaiters(key)) {
-      const place = this.line.newSeat();
+      const place = this.line.newSeat(shareOf(options) !== undefined);
       const first = await this.attempt(name, key, options, keepOnShutdown, place);
       if (first instanceof Handle) return first;
       place.inLine = true;
@@ -97,7 +107,8 @@ export class Acquisition implements Attempter {
   }
 
   /**
-   * Re-enter the outer holder's hold: one more local hold on the same lock, nothing new in Redis.
+   * Re-enter the outer holder's hold: one more local hold on the same lock, nothing new in Redis
+   * (a writer taking the read lock, a permit holder asking again: the outer hold serves).
    * The hold is counted before Redis is asked whether the owner still has the lock, so that the
    * outer's release meanwhile leaves the lock in place for it. `undefined` when the lock has gone
    * (the outer has lost it, or its lease may have ended): this acquisition competes as a newcomer.
@@ -138,7 +149,7 @@ export class Acquisition implements Attempter {
     const sentAt = now();
     let result;
     try {
-      result = await this.store.acquire(key, owner, lease, seat?.id);
+      result = await this.store.acquire(key, owner, lease, seat?.id, shareOf(options));
     } catch (error) {
       throw redisFailed('acquire', name, error);
     }

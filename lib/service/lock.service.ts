@@ -15,14 +15,23 @@ import {
 import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../module/dislock.internal-constants';
 import { InvalidLockOptionsError, LockNotAcquiredError, LockNotHeldError } from '../errors';
 import type { Handle, LockHandle } from '../core/lock-handle';
+import { LockSet, type LockSetHandle } from '../core/lock-set';
 import { LockScope } from '../core/lock-scope';
 import type { LockStore } from '../store/lock-store.interface';
-import { resolveLockOptions, validateLockOptions } from '../module/options.validation';
+import { MAX_LOCK_SET, resolveLockOptions, validateLockOptions } from '../module/options.validation';
 import { Acquisition } from './acquisition';
 import { HeldLocks } from './held-locks';
 import { LossReporter } from './loss-reporter';
 import { ShutdownGate } from './shutdown-gate';
 import { WaitLine } from './wait-line';
+
+/** What a locked call holds: one lock, or a multi-lock's set. */
+export type Held = Handle | LockSet;
+
+/** The names of a lock or a multi-lock, for messages. */
+function describeNames(name: string | readonly string[]): string {
+  return typeof name === 'string' ? name : name.join(', ');
+}
 
 /**
  * Distributed locks on Redis: owner-safe, renewed by a watchdog, reentrant within one async
@@ -55,39 +64,55 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
    * when it is still busy after that, or `options.signal` aborted the wait; rejects with
    * `RedisUnavailableError` when Redis fails.
    * Inside a locked method or `withLock` callback that already holds `name`, re-enters it.
+   * `{ mode: 'read' | 'write' }` takes a read-write lock, `{ permits }` a semaphore's permit; an
+   * array of names takes them all or none (a multi-lock, see `LockSetHandle`).
    */
-  async tryLock(name: string, options?: LockOptions): Promise<LockHandle | null> {
-    const lockName = this.checkName(name);
+  async tryLock(names: readonly string[], options?: LockOptions): Promise<LockSetHandle | null>;
+  async tryLock(name: string, options?: LockOptions): Promise<LockHandle | null>;
+  async tryLock(name: string | readonly string[], options?: LockOptions): Promise<LockHandle | null> {
+    const lockName = this.checkNames(name, options);
     const resolved = this.resolve('LockService.tryLock', options);
-    return this.acquisition.acquire(lockName, resolved, false, options?.signal);
+    return this.take(lockName, resolved, false, options?.signal);
   }
 
   /**
    * Like `tryLock`, but rejects with `LockNotAcquiredError` when the lock stays busy, or with
    * `options.signal.reason` when the signal aborted the wait.
    */
-  async lock(name: string, options?: LockOptions): Promise<LockHandle> {
-    const lockName = this.checkName(name);
+  async lock(names: readonly string[], options?: LockOptions): Promise<LockSetHandle>;
+  async lock(name: string, options?: LockOptions): Promise<LockHandle>;
+  async lock(name: string | readonly string[], options?: LockOptions): Promise<LockHandle> {
+    const lockName = this.checkNames(name, options);
     const resolved = this.resolve('LockService.lock', options);
     const signal = options?.signal;
-    const handle = await this.acquisition.acquire(lockName, resolved, false, signal);
+    const handle = await this.take(lockName, resolved, false, signal);
     if (handle) return handle;
     if (signal?.aborted) throw signal.reason;
-    throw new LockNotAcquiredError(lockName, resolved.waitTime);
+    throw new LockNotAcquiredError(describeNames(lockName), resolved.waitTime);
   }
 
   /**
-   * Run `fn` while holding the lock `name`, then release it (also when `fn` throws). Rejects with
-   * `LockNotAcquiredError` when the lock stays busy. `fn`'s result and errors pass through as
-   * they are; a failed release is logged, not thrown.
+   * Run `fn` while holding the lock `name` (or every lock of `names`), then release it (also when
+   * `fn` throws). Rejects with `LockNotAcquiredError` when the lock stays busy. `fn`'s result and
+   * errors pass through as they are; a failed release is logged, not thrown.
    */
-  async withLock<T>(name: string, fn: (lock: LockHandle) => T | Promise<T>, options?: LockOptions): Promise<T> {
+  async withLock<T>(
+    names: readonly string[],
+    fn: (lock: LockSetHandle) => T | Promise<T>,
+    options?: LockOptions,
+  ): Promise<T>;
+  async withLock<T>(name: string, fn: (lock: LockHandle) => T | Promise<T>, options?: LockOptions): Promise<T>;
+  async withLock<T>(
+    name: string | readonly string[],
+    fn: ((lock: LockHandle) => T | Promise<T>) | ((lock: LockSetHandle) => T | Promise<T>),
+    options?: LockOptions,
+  ): Promise<T> {
     if (typeof fn !== 'function') {
       throw new InvalidLockOptionsError('fn', 'LockService.withLock: the second argument must be a function');
     }
-    const handle = (await this.lock(name, options)) as Handle;
+    const handle = (await (typeof name === 'string' ? this.lock(name, options) : this.lock(name, options))) as Held;
     try {
-      return await this.runInScope(handle, () => fn(handle));
+      return await this.runInScope(handle, () => (fn as (lock: LockHandle) => T | Promise<T>)(handle));
     } finally {
       await this.finish(handle, true);
     }
@@ -119,25 +144,31 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
    * `LockNotAcquiredError`, or (`onBusy: 'skip'`) logs at debug level and resolves `null`.
    */
   async acquireFor(
-    name: string,
+    name: string | readonly string[],
     options: LockOptions,
     keepOnShutdown: boolean,
     onBusy: 'throw' | 'skip',
     cancel?: AbortSignal,
-  ): Promise<Handle | null> {
+  ): Promise<Held | null> {
     const resolved = resolveLockOptions(this.options, options);
-    const handle = await this.acquisition.acquire(name, resolved, keepOnShutdown, cancel);
+    const names = typeof name === 'string' ? name : this.checkNames(name, options);
+    const handle = await this.take(names, resolved, keepOnShutdown, cancel);
     if (handle) return handle;
-    if (onBusy === 'throw') throw new LockNotAcquiredError(name, resolved.waitTime);
+    if (onBusy === 'throw') throw new LockNotAcquiredError(describeNames(names), resolved.waitTime);
     if (!cancel?.aborted) {
       const waited = resolved.waitTime > 0 ? ` after waiting ${resolved.waitTime} ms` : '';
-      this.logger.debug(`Lock "${name}" is held by another owner${waited}: skipped the call (onBusy: 'skip')`);
+      this.logger.debug(
+        `Lock "${describeNames(names)}" is held by another owner${waited}: skipped the call (onBusy: 'skip')`,
+      );
     }
     return null;
   }
 
-  /** @internal Run `fn` with `handle` as part of the async call chain's held locks. */
-  runInScope<T>(handle: Handle, fn: () => T): T {
+  /** @internal Run `fn` with `handle` (every part of a multi-lock) as part of the async call chain's held locks. */
+  runInScope<T>(handle: Held, fn: () => T): T {
+    if (handle instanceof LockSet) {
+      return handle.parts.reduceRight<() => T>((inner, part) => () => this.scope.run(part, inner), fn)();
+    }
     return this.scope.run(handle, fn);
   }
 
@@ -146,7 +177,8 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
    * to expire: renewal goes on while reentrant holds of it still run, then stops. Never rejects: a
    * failure is logged, the lease then ends the lock on its own.
    */
-  finish(handle: Handle, release: boolean): Promise<void> {
+  finish(handle: Held, release: boolean): Promise<void> {
+    if (handle instanceof LockSet) return handle.finish(release);
     return this.held.finish(handle, release);
   }
 
@@ -172,6 +204,56 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   }
 
   // ---- internals ---------------------------------------------------------------------------
+
+  /**
+   * One lock name as it is, or a multi-lock's names: distinct, sorted (the canonical order every
+   * caller takes them in), each checked; a multi-lock takes exclusive holds only.
+   */
+  private checkNames(name: unknown, options: LockOptions | undefined): string | readonly string[] {
+    if (!Array.isArray(name)) return this.checkName(name);
+    if (name.length === 0 || name.length > MAX_LOCK_SET) {
+      throw new InvalidLockOptionsError(
+        'name',
+        `LockService: a multi-lock takes an array of 1 to ${MAX_LOCK_SET} lock names, got ${name.length}`,
+      );
+    }
+    for (const option of ['mode', 'permits'] as const) {
+      if (options?.[option] !== undefined) {
+        throw new InvalidLockOptionsError(
+          option,
+          `LockService: a multi-lock (an array of names) takes exclusive holds only; "${option}" cannot be set with it`,
+        );
+      }
+    }
+    return [...new Set(name.map((part: unknown) => this.checkName(part)))].sort();
+  }
+
+  /** Take one lock, or every lock of a set in order, all or nothing. */
+  private async take(
+    name: string | readonly string[],
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    cancel: AbortSignal | undefined,
+  ): Promise<Held | null> {
+    if (typeof name === 'string') return this.acquisition.acquire(name, options, keepOnShutdown, cancel);
+    const deadline = performance.now() + options.waitTime;
+    const parts: Handle[] = [];
+    try {
+      for (const part of name) {
+        // Every part waits within what is left of the one waitTime.
+        const waitTime = Math.max(0, Math.ceil(deadline - performance.now()));
+        const handle = await this.acquisition.acquire(part, { ...options, waitTime }, keepOnShutdown, cancel);
+        if (!handle) break;
+        parts.push(handle);
+      }
+    } catch (error) {
+      await Promise.all(parts.map((part) => this.held.finish(part, true)));
+      throw error;
+    }
+    if (parts.length === name.length) return new LockSet(parts, this);
+    await Promise.all(parts.map((part) => this.held.finish(part, true)));
+    return null;
+  }
 
   private checkName(name: unknown): string {
     if (typeof name !== 'string' || name.length === 0 || name.length > MAX_LOCK_NAME_LENGTH) {

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { Handle } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
 import { wakeOrTimeout } from '../core/wake-or-timeout';
-import type { ResolvedLockOptions } from '../module/dislock.options';
+import { type ResolvedLockOptions, shareOf } from '../module/dislock.options';
 import type { Grant, LinePlace, LockStore, ReleaseWatch } from '../store/lock-store.interface';
 import type { ShutdownGate } from './shutdown-gate';
 import { WaitQueue } from './wait-queue';
@@ -109,7 +109,7 @@ export class WaitLine {
   ): Promise<Handle | null> {
     let queue = this.queues.get(key);
     if (!queue) {
-      const place = placed?.place ?? this.newSeat();
+      const place = placed?.place ?? this.newSeat(shareOf(options) !== undefined);
       // Outside the caller's lock scope: the subscriber connection this may open outlives the call.
       queue = new WaitQueue(
         place,
@@ -148,7 +148,8 @@ export class WaitLine {
       queue.heldLocally = false;
       const seat = queue.place;
       const holdingNow = (handle: Handle): Handle => {
-        queue.heldLocally = true;
+        // A shared hold leaves room for the next local waiter: it tries at once.
+        queue.heldLocally = !handle.lock.shared;
         queue.heldLease = handle.lock.leaseMs;
         holding = true;
         return handle;
@@ -220,9 +221,14 @@ export class WaitLine {
     return watch;
   }
 
-  /** A fresh place for a line in the store's line of waiters (not taken yet). */
-  newSeat(): LineSeat {
-    return { id: randomBytes(12).toString('hex'), inLine: false, missedAt: -Infinity, missedToken: Infinity, floor: 0 };
+  /**
+   * A fresh place for a line in the store's line of waiters (not taken yet). A line that begins
+   * with a shared waiter (a reader, a permit) has an id starting with 's': the store never grants
+   * it an exclusive hold, it announces the lock free to every waiter instead (see GRANT_LUA).
+   */
+  newSeat(shared = false): LineSeat {
+    const id = randomBytes(12).toString('hex');
+    return { id: shared ? `s${id}` : id, inLine: false, missedAt: -Infinity, missedToken: Infinity, floor: 0 };
   }
 
   /** Give up a place in the store's line (at most a lapsed place if it fails: it expires by itself). */

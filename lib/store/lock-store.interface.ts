@@ -100,7 +100,8 @@ export type ReleaseResult =
  * The narrow seam between the lock logic and a backend. Every method is atomic on the backend,
  * owner-checked, and has its effect once even when the backend sees it twice (a client may re-send
  * a command whose reply a dropped connection lost). The lock for `key` is a hash `{ [owner]: 1 }`
- * whose TTL is the lease; reentrant holds are counted by the process that holds the lock.
+ * whose TTL is the lease, or with shared holds `{ [owner]: end of its lease }` whose TTL is the
+ * latest of those; reentrant holds are counted by the process that holds the lock.
  *
  * Single-instance Redis implements it today; Cluster, Sentinel, Redlock and an in-memory store
  * for unit tests slot in beside it.
@@ -111,8 +112,16 @@ export interface LockStore {
    * issue a fencing token that is larger than every token issued for `key` before. When the
    * outcome cannot be known (no answer in time), the store gives the hold back by itself as soon as
    * it can, so that a lock nobody was told about never outlives the call by more than that.
+   *
+   * With `share` set, the hold is shared (a reader of a read-write lock, a permit of a semaphore):
+   * taken while no exclusive hold has `key` and fewer than `share` shared holds (0: any number)
+   * do, each with a lease of its own; a shared holder that died stops counting when its lease
+   * ends. Without it the hold is exclusive (a mutex, a writer): taken only when nobody holds
+   * `key`. `check`, `renew` and `release` treat both kinds alike; a release of a shared hold
+   * leaves the others in place. Refused (`ttl`): the holder's remaining lease, or with shared
+   * holds in the way the time until the first of their leases ends.
    */
-  acquire(key: string, owner: string, leaseMs: number, waiter?: string): Promise<AcquireResult>;
+  acquire(key: string, owner: string, leaseMs: number, waiter?: string, share?: number): Promise<AcquireResult>;
   /**
    * With a `waiter` id, acquire is fair: a caller that must wait takes a place in the lock's line
    * (kept by its attempts, at least every `lineRefreshMs`; it lapses by itself otherwise), a free
@@ -125,6 +134,11 @@ export interface LockStore {
    * waiters): a lock name starting with one is refused before the store is asked.
    */
   readonly reservedPrefixes: readonly string[];
+  /**
+   * Whether `acquire` can bound the number of shared holds (`share` > 0: a semaphore's permits)
+   * safely; a store that cannot is never asked to.
+   */
+  readonly boundsShares: boolean;
   /** `waiter` gives up its place (timed out, aborted, shut down); the new head, if any, is told. */
   leave(key: string, waiter: string): Promise<void>;
   /** Whether `owner` still holds `key` (for a reentrant acquisition); changes nothing. */

@@ -3,6 +3,7 @@ import { randomBytes } from 'node:crypto';
 import type { ChainableCommander, Cluster, Redis } from 'ioredis';
 import { describeError } from '../../core/describe-error';
 import { checkRedisAccess } from './access-check';
+import { ACQUIRE_SHARED_SCRIPT } from './scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
 import type { LuaScript } from './scripts/lua-script';
 import { CHECK_SCRIPT } from './scripts/check.script';
@@ -79,6 +80,8 @@ export class RedisLockStore implements LockStore {
   private readonly lineNotice = `${this.id}:0`;
   /** A waiter attempts at least this often, renewing its place in the lock's line. */
   readonly lineRefreshMs = Math.floor(PLACE_MS / 3);
+  /** A single server (or a hash slot's master) counts every shared hold of a key. */
+  readonly boundsShares = true;
   /** Fencing counters and lines of waiters live under the module's key prefix too. */
   readonly reservedPrefixes = [FENCE_MARKER, LINE_MARKER];
   /** The scripts' flag for announcing with SPUBLISH (1, on a Cluster) or PUBLISH (0). */
@@ -124,16 +127,12 @@ export class RedisLockStore implements LockStore {
     }
   }
 
-  async acquire(key: string, owner: string, leaseMs: number, waiter?: string): Promise<AcquireResult> {
-    const pending = ACQUIRE_SCRIPT.run(this.client, this.lineScriptKeys(key), [
-      owner,
-      leaseMs,
-      waiter ?? '',
-      PLACE_MS,
-      this.sharded,
-      this.lineNotice,
-      GRANT_MS,
-    ]);
+  async acquire(key: string, owner: string, leaseMs: number, waiter?: string, share?: number): Promise<AcquireResult> {
+    const pending = (share === undefined ? ACQUIRE_SCRIPT : ACQUIRE_SHARED_SCRIPT).run(
+      this.client,
+      this.lineScriptKeys(key),
+      [owner, leaseMs, waiter ?? '', PLACE_MS, this.sharded, this.lineNotice, share ?? GRANT_MS],
+    );
     let reply: unknown;
     try {
       reply = await this.bounded(pending);

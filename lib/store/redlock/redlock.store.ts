@@ -92,10 +92,19 @@ export class RedlockStore implements LockStore {
     this.quorum = quorumOf(nodes.length);
   }
 
-  async acquire(key: string, owner: string, leaseMs: number): Promise<AcquireResult> {
+  /**
+   * Readers and writers are safe over a quorum (any two majorities share a node, which refuses one
+   * of them), but a bound on shared holds is not: each node counts its own, so more holders than
+   * the bound could each win a majority.
+   */
+  readonly boundsShares = false;
+
+  async acquire(key: string, owner: string, leaseMs: number, _waiter?: string, share?: number): Promise<AcquireResult> {
     const startedAt = now();
     const drift = leaseMs * this.driftFactor + 2;
-    const sent = this.nodes.map((node) => (node.down ? undefined : node.store.acquire(key, owner, leaseMs)));
+    const sent = this.nodes.map((node) =>
+      node.down ? undefined : node.store.acquire(key, owner, leaseMs, undefined, share),
+    );
     const flight: InFlight = { givenUp: false, unanswered: 0 };
     sent.forEach((pending, i) => {
       if (!pending) return;

@@ -1,4 +1,4 @@
-import { DROP_LAPSED_LUA, FIND_GRANT_LUA, GRANT_LUA, NEXT_TOKEN_LUA } from './line.lua';
+import { DROP_LAPSED_LUA, FIND_GRANT_LUA, GRANT_LUA, NEXT_TOKEN_LUA, TAKE_PLACE_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -46,17 +46,7 @@ local key, fence, owner, waiter = KEYS[1], KEYS[2], ARGV[1], ARGV[3]
 local line, deadlines = KEYS[3], KEYS[4]
 local free = redis.call('exists', key) == 0
 local now = redis.call('time')
-local function take_place()
-  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local keep = tonumber(ARGV[4])
-  if not redis.call('zscore', line, waiter) then
-    redis.call('zadd', line, tonumber(now[1]) * 1000000 + tonumber(now[2]), waiter)
-  end
-  redis.call('zadd', deadlines, ms + keep, waiter)
-  for _, k in ipairs({line, deadlines}) do
-    if redis.call('pttl', k) < keep then redis.call('pexpire', k, keep) end
-  end
-end
+${TAKE_PLACE_LUA}
 -- pcall: a key of another type answers WRONGTYPE, which means held by someone else
 if not free and redis.pcall('hexists', key, owner) ~= 1 then
   if waiter ~= '' then

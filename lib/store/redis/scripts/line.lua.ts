@@ -48,6 +48,17 @@ redis.call('set', fence, string.format('%.0f', token))
 `;
 
 /**
+ * Publishes `announcement` on the lock's channel: SPUBLISH in its shard on a Cluster (`sharded`
+ * '1'), PUBLISH otherwise or where the server has no sharded pub/sub (Redis < 7). Expects `key`
+ * (the lock, also the channel) and `sharded` as locals.
+ */
+export const PUBLISH_LUA = (announcement: string): string => `
+if sharded ~= '1' or type(redis.pcall('spublish', key, ${announcement})) ~= 'number' then
+  redis.call('publish', key, ${announcement})
+end
+`;
+
+/**
  * The Lua shared by release, leave and acquire: a lock is free; hand it to the head of its line,
  * and announce that.
  *
@@ -64,12 +75,14 @@ redis.call('set', fence, string.format('%.0f', token))
  * lock from then on, with no round trip of its own; its first renewal takes the grant up (the
  * value becomes 1) and sets the lease it asked for. A head that died holds the lock up for only
  * `grant` ms: the second in line, named in the announcement, looks once that has passed.
- * Nobody in the line: `message:::`, and every local waiter looks.
+ * Nobody in the line, or a shared waiter at its head (a reader or a semaphore's: its waiting line's
+ * id starts with 's', see `WaitLine.newSeat`): `message:::`, and every local waiter looks.
  */
 export const GRANT_LUA = `
 local head, second, granted = '', '', ''
 local first = waiting and redis.call('zrange', line, 0, 1) or {}
-if first[1] then
+-- a shared waiter (its id starts with 's') is not granted an exclusive hold: everyone looks
+if first[1] and string.sub(first[1], 1, 1) ~= 's' then
   head, second = first[1], first[2] or ''
   local now = redis.call('time')
   ${NEXT_TOKEN_LUA}
@@ -80,9 +93,7 @@ if first[1] then
   redis.call('zrem', deadlines, head)
 end
 local announcement = message .. ':' .. head .. ':' .. second .. ':' .. granted
-if sharded ~= '1' or type(redis.pcall('spublish', key, announcement)) ~= 'number' then
-  redis.call('publish', key, announcement)
-end
+${PUBLISH_LUA('announcement')}
 `;
 
 /**
@@ -99,3 +110,59 @@ if fields and #fields == 2 and fields[2] == '0'
   grant_field = fields[1]
 end
 `;
+
+/**
+ * Defines `take_place()`: the waiter `waiter` takes (or keeps) its place in the lock's line, which
+ * lapses ARGV[4] ms from now unless another attempt renews it. Expects `line`, `deadlines`,
+ * `waiter` and `now` (the reply of TIME) as locals.
+ */
+export const TAKE_PLACE_LUA = `
+local function take_place()
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local keep = tonumber(ARGV[4])
+  if not redis.call('zscore', line, waiter) then
+    redis.call('zadd', line, tonumber(now[1]) * 1000000 + tonumber(now[2]), waiter)
+  end
+  redis.call('zadd', deadlines, ms + keep, waiter)
+  for _, k in ipairs({line, deadlines}) do
+    if redis.call('pttl', k) < keep then redis.call('pexpire', k, keep) end
+  end
+end
+`;
+
+/**
+ * A lock hash holds either one exclusive hold (its field's value `1`, or `0` for a grant not yet
+ * taken up) or any number of shared holds (readers, a semaphore's permits), each valued with the
+ * end of its own lease in the server's ms; the key's PTTL is the latest of those ends.
+ *
+ * SETTLE_SHARED_LUA drops the shared holds of `key` whose lease has ended, sets the key's PTTL to
+ * the latest end left, and deletes the key when no hold is left. Expects `key` and `ms` (the
+ * server's time in ms) as locals; sets `live` (the holds left).
+ */
+export const SETTLE_SHARED_LUA = `
+local live, latest, lapsed = 0, 0, {}
+local holders = redis.call('hgetall', key)
+for i = 1, #holders, 2 do
+  local ends = tonumber(holders[i + 1])
+  if ends <= 1 then
+    live, latest = live + 1, math.huge
+  elseif ends <= ms then
+    lapsed[#lapsed + 1] = holders[i]
+  else
+    live = live + 1
+    if ends > latest then latest = ends end
+  end
+end
+if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
+if live == 0 then
+  redis.call('del', key)
+elseif latest ~= math.huge then
+  redis.call('pexpire', key, latest - ms)
+end
+`;
+
+/** A Lua expression: the server's time in ms. */
+export const SERVER_MS_LUA = `(function()
+  local clock = redis.call('time')
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+end)()`;

@@ -1,9 +1,10 @@
-import { DROP_LAPSED_NOW_LUA, GRANT_LUA } from './line.lua';
+import { DROP_LAPSED_NOW_LUA, GRANT_LUA, PUBLISH_LUA, SERVER_MS_LUA, SETTLE_SHARED_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
  * release: drop the caller's hold on its lock, hand the lock to the head of its line if anyone
- * waits there, and announce it.
+ * waits there, and announce it. A shared hold (see SETTLE_SHARED_LUA) is dropped alone: the lock
+ * is free once the last live one has gone, and a hold freed while others remain is announced.
  *
  * KEYS[1]  the lock hash; also the pub/sub channel that waiters for it listen on
  * KEYS[2]  the fencing counter of its hash slot
@@ -18,7 +19,8 @@ import { LuaScript } from './lua-script';
  * Returns 0 when the caller does not hold the lock (nothing changed), {1, head, second, token}
  * when the key was deleted and the release announced: head and second name the first two
  * waiters in the line ('' when there are fewer); token is the fencing token of the grant to the
- * head ('' when nobody waits).
+ * head ('' when nobody waits, or nobody is granted: a shared hold freed while others remain, or a
+ * shared waiter at the head).
  *
  * Idempotent: a re-sent copy finds the owner gone and changes nothing (it answers 0; the store
  * tells that apart from a lock lost before its release, see RedisLockStore.release). The hold
@@ -30,10 +32,23 @@ export const RELEASE_SCRIPT = new LuaScript(
 local key, fence, line, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
 -- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here, not a failure
-if redis.pcall('hexists', key, ARGV[1]) ~= 1 then
+local held = redis.pcall('hget', key, ARGV[1])
+if type(held) ~= 'string' then
   return 0
 end
-redis.call('del', key)
+if tonumber(held) > 1 then
+  -- a shared hold: drop it alone; while others hold on, a freed permit is announced to every waiter
+  redis.call('hdel', key, ARGV[1])
+  local ms = ${SERVER_MS_LUA}
+  ${SETTLE_SHARED_LUA}
+  if live > 0 then
+    local announcement = message .. ':::'
+    ${PUBLISH_LUA('announcement')}
+    return {1, '', '', ''}
+  end
+else
+  redis.call('del', key)
+end
 local waiting = redis.call('exists', line) == 1
 if waiting then
   ${DROP_LAPSED_NOW_LUA}

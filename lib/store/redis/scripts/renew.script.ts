@@ -1,4 +1,4 @@
-import { RAISE_UNLESS_WRONGTYPE_LUA } from './line.lua';
+import { RAISE_UNLESS_WRONGTYPE_LUA, SERVER_MS_LUA, SETTLE_SHARED_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -14,6 +14,9 @@ import { LuaScript } from './lua-script';
  * never shortened; or exactly -ARGV[2i]), 0 when the key is gone, holds another owner, or is not a
  * hash.
  *
+ * A shared hold (a reader's, a permit's; see SETTLE_SHARED_LUA) keeps its lease in its own field,
+ * set the same way; one whose lease has ended is dropped and answers 0 (its place may be taken).
+ *
  * A lock granted by a release to the head of its line (value 0, see line.lua.ts) is taken up by
  * its first renewal: the value becomes 1, so that a later attempt from the head's line cannot
  * take it up a second time.
@@ -21,13 +24,29 @@ import { LuaScript } from './lua-script';
 export const RENEW_SCRIPT = new LuaScript(
   'renew',
   `
-local renewed = {}
+local renewed, ms = {}, nil
 for i, key in ipairs(KEYS) do
   local owner, lease = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
   -- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here
   local held = redis.pcall('hget', key, owner)
   ${RAISE_UNLESS_WRONGTYPE_LUA('held')}
-  if held then
+  local ends = held and tonumber(held)
+  if ends and ends > 1 then
+    -- a shared hold: its own lease, in its field; the key lasts as long as the latest
+    ms = ms or ${SERVER_MS_LUA}
+    if ends <= ms then
+      redis.call('hdel', key, owner)
+      renewed[i] = 0
+    elseif lease < 0 then
+      redis.call('hset', key, owner, ms - lease)
+      ${SETTLE_SHARED_LUA}
+      renewed[i] = 1
+    else
+      if ms + lease > ends then redis.call('hset', key, owner, ms + lease) end
+      if redis.call('pttl', key) < lease then redis.call('pexpire', key, lease) end
+      renewed[i] = 1
+    end
+  elseif held then
     if held == '0' then redis.call('hset', key, owner, 1) end
     if lease < 0 then
       redis.call('pexpire', key, -lease)

@@ -1,0 +1,100 @@
+import { DROP_LAPSED_LUA, PUBLISH_LUA, RAISE_UNLESS_WRONGTYPE_LUA, NEXT_TOKEN_LUA, TAKE_PLACE_LUA } from './line.lua';
+import { LuaScript } from './lua-script';
+
+/**
+ * acquire-shared: take a shared hold (a reader of a read-write lock, or one of a semaphore's
+ * permits) for a new owner and issue its fencing token; or, for a caller that waits, take (or keep)
+ * its place in the lock's line. The hash holds either one exclusive hold or shared holds, each
+ * valued with the end of its own lease (see SETTLE_SHARED_LUA in line.lua.ts).
+ *
+ * KEYS[1]  the lock hash
+ * KEYS[2]  the fencing counter of KEYS[1]'s hash slot
+ * KEYS[3]  the lock's line, KEYS[4] its deadlines (see acquire.script.ts)
+ * ARGV[1]  owner id: fresh for every attempt
+ * ARGV[2]  lease in ms
+ * ARGV[3]  waiter id ('' for a caller that does not wait)
+ * ARGV[4]  ms a place is kept without being renewed by another attempt
+ * ARGV[5]  '1' on a Cluster: announce with SPUBLISH (see release.script.ts)
+ * ARGV[6]  the message to announce with (the store's id), see below
+ * ARGV[7]  the most shared holds the caller allows at once: a semaphore's permits; 0, no bound
+ *          (readers)
+ *
+ * Returns {1, token} when taken; {0, pttl, last} when an exclusive hold (a writer) has the key, or
+ * a key of another type, pttl its remaining lease; {0, ms, last} when ARGV[7] shared holds have
+ * it, ms until the first of their leases ends; {0, -3, last} when it could be taken but other
+ * waiters are ahead in its line: a newcomer never jumps the line, so a writer that waits is not
+ * overtaken by readers that come after it. `last` is the slot's last fencing token then.
+ *
+ * Each holder's lease is its own: a holder that died stops counting once its lease has ended
+ * (its field is dropped by the next script that looks), without freeing anyone else's.
+ *
+ * A waiter whose line was granted an exclusive hold (see GRANT_LUA) takes the grant up, as a
+ * shared hold. A waiter that takes a hold from the head of the line leaves it; if others wait
+ * behind it and a hold is still free, it announces so (`message:::`): the next one looks.
+ *
+ * Changing the bound for a name that has holders is defined by each attempt: it is taken while
+ * fewer holds than the attempt's own bound are live, so a lower bound admits nobody new until
+ * enough holders have gone, and a higher one admits more at once.
+ *
+ * Safe to run twice: a re-sent copy finds its own owner id already holding, and answers "taken"
+ * again with a new token, as the acquire script does.
+ */
+export const ACQUIRE_SHARED_SCRIPT = new LuaScript(
+  'acquire-shared',
+  `
+local key, fence, owner, waiter = KEYS[1], KEYS[2], ARGV[1], ARGV[3]
+local line, deadlines = KEYS[3], KEYS[4]
+local lease, limit = tonumber(ARGV[2]), tonumber(ARGV[7])
+local now = redis.call('time')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+${TAKE_PLACE_LUA}
+local function busy(ttl)
+  if waiter ~= '' then take_place() end
+  return {0, ttl, tonumber(redis.call('get', fence)) or 0}
+end
+-- pcall: a key of another type answers WRONGTYPE, which means held by someone else
+local holders = redis.pcall('hgetall', key)
+${RAISE_UNLESS_WRONGTYPE_LUA('holders')}
+if not holders then return busy(redis.call('pttl', key)) end
+local live, soonest, latest, lapsed, granted = 0, math.huge, 0, {}, false
+for i = 1, #holders, 2 do
+  local field, ends = holders[i], tonumber(holders[i + 1])
+  if ends == 0 and waiter ~= '' and string.sub(field, 1, #waiter + 1) == waiter .. ':' then
+    granted = field
+  elseif ends <= 1 then
+    return busy(redis.call('pttl', key))
+  elseif ends <= ms then
+    lapsed[#lapsed + 1] = field
+  elseif field == owner then
+    live, granted = -1, true
+    break
+  else
+    live = live + 1
+    if ends < soonest then soonest = ends end
+    if ends > latest then latest = ends end
+  end
+end
+if live >= 0 and not granted then
+  if limit > 0 and live >= limit then return busy(soonest - ms) end
+  if redis.call('exists', line) == 1 then
+    ${DROP_LAPSED_LUA}
+    local head = redis.call('zrange', line, 0, 0)[1]
+    if head and head ~= waiter then return busy(-3) end
+  end
+end
+if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
+if type(granted) == 'string' then redis.call('hdel', key, granted) end
+${NEXT_TOKEN_LUA}
+local ends = ms + lease
+redis.call('hset', key, owner, ends)
+if ends > latest then redis.call('pexpire', key, lease) end
+if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then
+  redis.call('zrem', deadlines, waiter)
+  if (limit == 0 or live + 1 < limit) and redis.call('exists', line) == 1 then
+    local message, sharded = ARGV[6] .. ':::', ARGV[5]
+    ${PUBLISH_LUA('message')}
+  end
+end
+return {1, token}
+`,
+);
