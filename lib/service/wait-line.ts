@@ -122,6 +122,7 @@ export class WaitLine {
       placed = undefined;
     }
     let holding = false;
+    const shared = shareOf(options) !== undefined;
     const stop = new AbortController();
     const abort = (): void => stop.abort();
     cancel?.addEventListener('abort', abort, { once: true });
@@ -162,9 +163,15 @@ export class WaitLine {
         const grant = watch?.takeGrant();
         if (grant && grant.token > seat.floor) {
           seat.inLine = false; // the grant took the place out of the store's line
-          const adopted = await taker.adopt(name, key, options, keepOnShutdown, grant, seat);
-          if (adopted instanceof Handle) return holdingNow(adopted);
-          tryNow = true; // the grant lapsed before it could be relied on: ask again
+          if (shared) {
+            // The grant is an exclusive hold (this line began with a writer): an attempt takes it
+            // up as a shared one instead, which other readers or permits may then join.
+            tryNow = true;
+          } else {
+            const adopted = await taker.adopt(name, key, options, keepOnShutdown, grant, seat);
+            if (adopted instanceof Handle) return holdingNow(adopted);
+            tryNow = true; // the grant lapsed before it could be relied on: ask again
+          }
         }
         if (tryNow) {
           const result = await taker.attempt(name, key, options, keepOnShutdown, seat);

@@ -5,6 +5,7 @@ import { describeError } from '../../core/describe-error';
 import { RedisAccessError } from '../../errors/redis-access.error';
 import { keySlot } from './fence-key';
 import { duplicateClient, isClusterClient, type RedisClient } from './redis-client';
+import { ACQUIRE_SHARED_SCRIPT } from './scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
 import { CHECK_SCRIPT } from './scripts/check.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
@@ -265,6 +266,25 @@ class AccessCheck {
     expectReply('acquire (head of the line)', next[0] === 1, next);
     const releasedNext = await release(`${this.owner}2`);
     expectReply('release', Array.isArray(releasedNext), releasedNext);
+    // Shared holds (readers, permits): two of at most two, renewed, checked and released.
+    for (const shared of [`${this.owner}s1`, `${this.owner}s2`]) {
+      const taken = (await this.bounded(
+        ACQUIRE_SHARED_SCRIPT.run(
+          this.client,
+          [this.key, this.fence, ...this.line],
+          [shared, lease, '', lease, sharded, 'access-check', 2],
+        ),
+      )) as [number, number];
+      expectReply('acquire-shared', taken[0] === 1, taken);
+    }
+    const sharedRenewed = (await this.bounded(
+      RENEW_SCRIPT.run(this.client, [this.key], [`${this.owner}s1`, -lease]),
+    )) as number[];
+    expectReply('renew (shared)', sharedRenewed[0] === 1, sharedRenewed);
+    for (const shared of [`${this.owner}s1`, `${this.owner}s2`]) {
+      const freed = await release(shared);
+      expectReply('release (shared)', Array.isArray(freed) && freed[0] === 1, freed);
+    }
     // On a Cluster the release script falls back to PUBLISH when SPUBLISH fails, refused or not:
     // waiters elsewhere would then only poll. Ask for SPUBLISH itself (unknown before Redis 7).
     if (this.cluster) {

@@ -17,7 +17,7 @@ export const CHECK_SCRIPT = new LuaScript(
   'check',
   `
 local key = KEYS[1]
-if redis.call('type', key).ok == 'hash' then
+if redis.call('type', key).ok == 'hash' and redis.call('hexists', key, ARGV[1]) == 1 then
   local ends = tonumber(redis.call('hget', key, ARGV[1]))
   if ends and ends <= 1 then return {1, redis.call('pttl', key)} end
   if ends then
