@@ -176,6 +176,38 @@ describe.each([3, 5])('Redlock over %i nodes', (count) => {
     expect(await next.release()).toBe(true);
   });
 
+  it('read-write locks: readers share on every node and a writer is refused; semaphores are refused before any node is asked', async () => {
+    const a = await start();
+    const b = await start();
+    const name = fresh('rw');
+    const r1 = (await a.locks.tryLock(name, { mode: 'read', lockWatchdogTimeout: 3_000 })) as LockHandle;
+    const r2 = (await b.locks.tryLock(name, { mode: 'read', lockWatchdogTimeout: 3_000 })) as LockHandle;
+    expect(r1).not.toBeNull();
+    expect(r2).not.toBeNull();
+    expect(r2.fencingToken).toBeGreaterThan(r1.fencingToken);
+    const bothEverywhere = async (): Promise<boolean> =>
+      (await onNodes(name)).every(
+        (node) => Object.keys(node.hash).sort().join() === [r1.owner, r2.owner].sort().join(),
+      );
+    expect(await eventually(bothEverywhere)).toBe(true);
+    for (const node of await onNodes(name)) {
+      for (const owner of [r1.owner, r2.owner]) expect(Number(node.hash[owner])).toBeGreaterThan(Date.now() + 1_000);
+    }
+    expect(await a.locks.tryLock(name, { mode: 'write' })).toBeNull();
+    expect(await r1.release()).toBe(true);
+    expect(await b.locks.tryLock(name, { mode: 'write' })).toBeNull(); // r2 still reads
+    expect(await r2.release()).toBe(true);
+    expect(await goneEverywhere(name)).toBe(true);
+    const writer = (await b.locks.tryLock(name, { mode: 'write' })) as LockHandle;
+    expect(writer).not.toBeNull();
+    expect(await a.locks.tryLock(name, { mode: 'read' })).toBeNull();
+    expect(await writer.release()).toBe(true);
+
+    const refused = await a.locks.lock(fresh('sem'), { permits: 2 }).catch((e: unknown) => e);
+    expect(refused).toMatchObject({ name: 'InvalidLockOptionsError', option: 'permits' });
+    expect(String((refused as Error).message)).toMatch(/not offered over Redlock/);
+  });
+
   it('two apps racing for one lock: never two holders, every call gets its turn', async () => {
     const a = await start();
     const b = await start();
