@@ -8,10 +8,12 @@ import {
   LockNotAcquiredError,
   LockService,
   LockUpgradeError,
+  RedisUnavailableError,
 } from 'nestjs-dislock';
 import { createTestApp, type TestApp } from './support/app';
 import { abortReason, gate, lostReason, settle } from './support/async';
-import { eventually, sharedClient, sleep } from './support/shared-redis';
+import { RedisServer } from './support/redis-server';
+import { eventually, sharedClient, sleep, uniquePrefix } from './support/shared-redis';
 
 /** The server's clock in ms, as the scripts read it. */
 async function serverMs(redis: Redis): Promise<number> {
@@ -458,5 +460,81 @@ describe('the lock family on a real Redis', () => {
       await expect(a.locks.lock(['a', 'b'], { permits: 2 })).rejects.toMatchObject({ option: 'permits' });
       await expect(a.locks.lock(['a', 7 as never])).rejects.toMatchObject({ option: 'name' });
     });
+  });
+});
+
+describe('shared holds when Redis pauses, restarts or is down (a redis-server of its own)', () => {
+  let server: RedisServer;
+  let t: TestApp;
+  let redis: Redis;
+  const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+
+  beforeAll(async () => {
+    server = await RedisServer.start();
+    redis = server.client();
+    t = await createTestApp([], { redis: server.url, keyPrefix: uniquePrefix('family-faults'), operationTimeout: 500 });
+  });
+
+  afterAll(async () => {
+    await t.close();
+    redis.disconnect();
+    await server.dispose();
+    warn.mockRestore();
+  });
+
+  it('a pause shorter than the lease: the reader and the permit stay held and renewed', async () => {
+    const reader = await t.locks.lock('paused-rw', { mode: 'read', lockWatchdogTimeout: 1_500 });
+    const permit = await t.locks.lock('paused-sem', { permits: 2, lockWatchdogTimeout: 1_500 });
+    server.pause();
+    await sleep(400);
+    server.resume();
+    await sleep(1_200); // past the first lease: renewed after the pause
+    expect(reader.signal.aborted).toBe(false);
+    expect(permit.signal.aborted).toBe(false);
+    const now = await serverMs(redis);
+    expect(Number(await redis.hget(t.prefix + 'paused-rw', reader.owner))).toBeGreaterThan(now + 500);
+    expect(Number(await redis.hget(t.prefix + 'paused-sem', permit.owner))).toBeGreaterThan(now + 500);
+    expect(await reader.release()).toBe(true);
+    expect(await permit.release()).toBe(true);
+  });
+
+  it('a restart that loses the data: both holders learn it at their next renewal (not-owner); tokens keep growing', async () => {
+    const reader = await t.locks.lock('restart-rw', { mode: 'read', lockWatchdogTimeout: 600 });
+    const permit = await t.locks.lock('restart-sem', { permits: 2, lockWatchdogTimeout: 600 });
+    await server.stop();
+    await server.startProcess();
+    const [readerLost, permitLost] = await Promise.all([
+      abortReason(reader.signal, 3_000),
+      abortReason(permit.signal, 3_000),
+    ]);
+    expect(lostReason(readerLost)).toBe('not-owner');
+    expect(lostReason(permitLost)).toBe('not-owner');
+    const writer = await t.locks.lock('restart-rw', { waitTime: 2_000 });
+    expect(writer.fencingToken).toBeGreaterThan(reader.fencingToken);
+    const next = await t.locks.lock('restart-sem', { permits: 2, waitTime: 2_000 });
+    expect(next.fencingToken).toBeGreaterThan(permit.fencingToken);
+    await writer.release();
+    await next.release();
+    expect(await reader.release()).toBe(false);
+  });
+
+  it('Redis down: a reader, a permit and a multi-lock fail within operationTimeout with RedisUnavailableError', async () => {
+    await server.stop();
+    try {
+      for (const attempt of [
+        () => t.locks.lock('down-rw', { mode: 'read' }),
+        () => t.locks.lock('down-sem', { permits: 3, waitTime: 2_000 }),
+        () => t.locks.lock(['down-a', 'down-b'], { waitTime: 2_000 }),
+      ]) {
+        const result = await settle(attempt());
+        expect(result.ok).toBe(false);
+        expect((result as { error: unknown }).error).toBeInstanceOf(RedisUnavailableError);
+        expect(result.ms).toBeLessThan(1_500);
+      }
+    } finally {
+      await server.startProcess();
+    }
+    const after = await t.locks.lock(['down-a', 'down-b'], { waitTime: 2_000 });
+    expect(await after.release()).toBe(true);
   });
 });

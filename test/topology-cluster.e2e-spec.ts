@@ -166,6 +166,63 @@ describe('on a Redis Cluster (3 masters × 1 replica)', () => {
       for (const list of names.values()) expect(list).toHaveLength(4);
     });
 
+    it('multi-locks over names on all 3 masters (different slots): all or nothing, no deadlock in opposite orders', async () => {
+      const names = await onePerMaster(cluster, prefix, 'multi');
+      const set = await a.locks.lock(names, { lockWatchdogTimeout: 600 });
+      expect(set.locks.map((part) => part.name)).toEqual([...names].sort());
+      await sleep(700); // past a lease: every part renewed on its own master
+      for (const part of set.locks) expect(await redis.hgetall(part.key)).toEqual({ [part.owner]: '1' });
+      expect(set.signal.aborted).toBe(false);
+      expect(await b.locks.tryLock([names[2], names[0]])).toBeNull();
+      for (const name of names) expect(Object.keys(await redis.hgetall(prefix + name))).toHaveLength(1);
+      expect(await set.release()).toBe(true);
+      for (const name of names) expect(await redis.exists(prefix + name)).toBe(0);
+
+      let inside = 0;
+      let overlaps = 0;
+      const loop = async (app: TestApp, order: string[]): Promise<void> => {
+        for (let i = 0; i < 10; i += 1) {
+          await app.locks.withLock(
+            order,
+            async () => {
+              inside += 1;
+              if (inside > 1) overlaps += 1;
+              await sleep(1);
+              inside -= 1;
+            },
+            { waitTime: 5_000 },
+          );
+        }
+      };
+      await Promise.all([loop(a, names), loop(b, [...names].reverse()), loop(a, [names[1], names[2], names[0]])]);
+      expect(overlaps).toBe(0);
+    });
+
+    it('semaphores and read-write locks on each master', async () => {
+      for (const name of await onePerMaster(cluster, prefix, 'shared')) {
+        const permits = [await a.locks.tryLock(name, { permits: 2 }), await b.locks.tryLock(name, { permits: 2 })];
+        expect(permits.every((p) => p !== null)).toBe(true);
+        expect(await a.locks.tryLock(name, { permits: 2 })).toBeNull();
+        expect(await redis.hlen(prefix + name)).toBe(2);
+        const waiter = b.locks.lock(name, { permits: 2, waitTime: 3_000 });
+        await sleep(20);
+        await permits[0]?.release();
+        const third = await waiter;
+        expect(third.fencingToken).toBeGreaterThan(permits[1]?.fencingToken ?? Infinity);
+        await Promise.all([permits[1]?.release(), third.release()]);
+        expect(await redis.exists(prefix + name)).toBe(0);
+
+        const reader = await a.locks.lock(name, { mode: 'read' });
+        const writer = b.locks.lock(name, { mode: 'write', waitTime: 3_000 });
+        await sleep(20);
+        expect(await b.locks.tryLock(name, { mode: 'read' })).toBeNull(); // the writer waits ahead
+        await reader.release();
+        const held = await writer;
+        expect(await redis.hgetall(prefix + name)).toEqual({ [held.owner]: '1' });
+        await held.release();
+      }
+    });
+
     it('excludes across two apps on 30 names over all 3 masters: one winner each, then no overlap', async () => {
       const byMaster = await namesPerMaster(cluster, prefix, 'excl', 10);
       const names = [...byMaster.values()].flat();
