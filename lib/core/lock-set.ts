@@ -10,7 +10,7 @@ export interface LockSetHandle extends LockHandle {
   readonly locks: readonly LockHandle[];
 }
 
-/** What a `LockSet` calls back into; implemented by `LockService`. */
+/** What a `LockSet` calls back into; implemented by `HeldLocks` (lib/service/held-locks.ts). */
 export interface SetKeeper {
   finish(handle: Handle, release: boolean): Promise<void>;
 }

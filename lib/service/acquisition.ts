@@ -1,5 +1,6 @@
 import { Handle, HeldLock, leaseValidUntil } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
+import { LockSet } from '../core/lock-set';
 import { OwnerIds } from '../core/owner-ids';
 import { InvalidLockOptionsError, LockUpgradeError } from '../errors';
 import { type ResolvedLockOptions, type ResolvedModuleOptions, shareOf } from '../module/dislock.options';
@@ -48,6 +49,35 @@ export class Acquisition implements Attempter {
     } finally {
       this.gate.leave();
     }
+  }
+
+  /**
+   * Every lock of `names` (distinct, sorted: the canonical order), one after another, each waiting
+   * within what is left of the one `waitTime`; all or nothing: when one stays busy or Redis fails,
+   * the parts already taken are released before this resolves `null` or rejects.
+   */
+  async acquireAll(
+    names: readonly string[],
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    cancel?: AbortSignal,
+  ): Promise<LockSet | null> {
+    const deadline = now() + options.waitTime;
+    const parts: Handle[] = [];
+    try {
+      for (const name of names) {
+        const waitTime = Math.max(0, Math.ceil(deadline - now()));
+        const handle = await this.acquire(name, { ...options, waitTime }, keepOnShutdown, cancel);
+        if (!handle) break;
+        parts.push(handle);
+      }
+    } catch (error) {
+      await Promise.all(parts.map((part) => this.held.finish(part, true)));
+      throw error;
+    }
+    if (parts.length === names.length) return new LockSet(parts, this.held);
+    await Promise.all(parts.map((part) => this.held.finish(part, true)));
+    return null;
   }
 
   private async acquireNow(

@@ -6,19 +6,15 @@ import {
   type OnApplicationShutdown,
   type OnModuleInit,
 } from '@nestjs/common';
-import {
-  type LockOptions,
-  MAX_LOCK_NAME_LENGTH,
-  type ResolvedLockOptions,
-  type ResolvedModuleOptions,
-} from '../module/dislock.options';
+import { type LockOptions, type ResolvedLockOptions, type ResolvedModuleOptions } from '../module/dislock.options';
 import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../module/dislock.internal-constants';
 import { InvalidLockOptionsError, LockNotAcquiredError, LockNotHeldError } from '../errors';
 import type { Handle, LockHandle } from '../core/lock-handle';
 import { LockSet, type LockSetHandle } from '../core/lock-set';
 import { LockScope } from '../core/lock-scope';
 import type { LockStore } from '../store/lock-store.interface';
-import { MAX_LOCK_SET, resolveLockOptions, validateLockOptions } from '../module/options.validation';
+import { resolveLockOptions, validateLockOptions } from '../module/options.validation';
+import { checkLockNames, describeNames } from './lock-names';
 import { Acquisition } from './acquisition';
 import { HeldLocks } from './held-locks';
 import { LossReporter } from './loss-reporter';
@@ -27,11 +23,6 @@ import { WaitLine } from './wait-line';
 
 /** What a locked call holds: one lock, or a multi-lock's set. */
 export type Held = Handle | LockSet;
-
-/** The names of a lock or a multi-lock, for messages. */
-function describeNames(name: string | readonly string[]): string {
-  return typeof name === 'string' ? name : name.join(', ');
-}
 
 /**
  * Distributed locks on Redis: owner-safe, renewed by a watchdog, reentrant within one async
@@ -70,7 +61,7 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   async tryLock(names: readonly string[], options?: LockOptions): Promise<LockSetHandle | null>;
   async tryLock(name: string, options?: LockOptions): Promise<LockHandle | null>;
   async tryLock(name: string | readonly string[], options?: LockOptions): Promise<LockHandle | null> {
-    const lockName = this.checkNames(name, options);
+    const lockName = checkLockNames('LockService', name, options);
     const resolved = this.resolve('LockService.tryLock', options);
     return this.take(lockName, resolved, false, options?.signal);
   }
@@ -82,7 +73,7 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   async lock(names: readonly string[], options?: LockOptions): Promise<LockSetHandle>;
   async lock(name: string, options?: LockOptions): Promise<LockHandle>;
   async lock(name: string | readonly string[], options?: LockOptions): Promise<LockHandle> {
-    const lockName = this.checkNames(name, options);
+    const lockName = checkLockNames('LockService', name, options);
     const resolved = this.resolve('LockService.lock', options);
     const signal = options?.signal;
     const handle = await this.take(lockName, resolved, false, signal);
@@ -133,7 +124,7 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
    * taken by `@DisLock` and `withLock`, across awaits and timers started under them.
    */
   assertLocked(name?: string): void {
-    if (name !== undefined) this.checkName(name);
+    if (name !== undefined) checkLockNames('LockService', name, undefined);
     if (!this.current(name)) throw new LockNotHeldError(name);
   }
 
@@ -151,7 +142,7 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     cancel?: AbortSignal,
   ): Promise<Held | null> {
     const resolved = resolveLockOptions(this.options, options);
-    const names = typeof name === 'string' ? name : this.checkNames(name, options);
+    const names = typeof name === 'string' ? name : checkLockNames('LockService', name, options);
     const handle = await this.take(names, resolved, keepOnShutdown, cancel);
     if (handle) return handle;
     if (onBusy === 'throw') throw new LockNotAcquiredError(describeNames(names), resolved.waitTime);
@@ -205,65 +196,16 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
 
   // ---- internals ---------------------------------------------------------------------------
 
-  /**
-   * One lock name as it is, or a multi-lock's names: distinct, sorted (the canonical order every
-   * caller takes them in), each checked; a multi-lock takes exclusive holds only.
-   */
-  private checkNames(name: unknown, options: LockOptions | undefined): string | readonly string[] {
-    if (!Array.isArray(name)) return this.checkName(name);
-    if (name.length === 0 || name.length > MAX_LOCK_SET) {
-      throw new InvalidLockOptionsError(
-        'name',
-        `LockService: a multi-lock takes an array of 1 to ${MAX_LOCK_SET} lock names, got ${name.length}`,
-      );
-    }
-    for (const option of ['mode', 'permits'] as const) {
-      if (options?.[option] !== undefined) {
-        throw new InvalidLockOptionsError(
-          option,
-          `LockService: a multi-lock (an array of names) takes exclusive holds only; "${option}" cannot be set with it`,
-        );
-      }
-    }
-    return [...new Set(name.map((part: unknown) => this.checkName(part)))].sort();
-  }
-
-  /** Take one lock, or every lock of a set in order, all or nothing. */
-  private async take(
+  /** One lock, or every lock of a set (all or nothing). */
+  private take(
     name: string | readonly string[],
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
     cancel: AbortSignal | undefined,
   ): Promise<Held | null> {
-    if (typeof name === 'string') return this.acquisition.acquire(name, options, keepOnShutdown, cancel);
-    const deadline = performance.now() + options.waitTime;
-    const parts: Handle[] = [];
-    try {
-      for (const part of name) {
-        // Every part waits within what is left of the one waitTime.
-        const waitTime = Math.max(0, Math.ceil(deadline - performance.now()));
-        const handle = await this.acquisition.acquire(part, { ...options, waitTime }, keepOnShutdown, cancel);
-        if (!handle) break;
-        parts.push(handle);
-      }
-    } catch (error) {
-      await Promise.all(parts.map((part) => this.held.finish(part, true)));
-      throw error;
-    }
-    if (parts.length === name.length) return new LockSet(parts, this);
-    await Promise.all(parts.map((part) => this.held.finish(part, true)));
-    return null;
-  }
-
-  private checkName(name: unknown): string {
-    if (typeof name !== 'string' || name.length === 0 || name.length > MAX_LOCK_NAME_LENGTH) {
-      const got = typeof name === 'string' ? `a string of ${name.length} characters` : typeof name;
-      throw new InvalidLockOptionsError(
-        'name',
-        `LockService: the lock name must be a non-empty string of at most ${MAX_LOCK_NAME_LENGTH} characters, got ${got}`,
-      );
-    }
-    return name;
+    return typeof name === 'string'
+      ? this.acquisition.acquire(name, options, keepOnShutdown, cancel)
+      : this.acquisition.acquireAll(name, options, keepOnShutdown, cancel);
   }
 
   private resolve(where: string, options: LockOptions | undefined): ResolvedLockOptions {
