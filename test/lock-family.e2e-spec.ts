@@ -5,6 +5,7 @@ import {
   type DisLockOptions,
   InvalidLockOptionsError,
   type LockHandle,
+  type LockSetHandle,
   LockNotAcquiredError,
   LockService,
   LockUpgradeError,
@@ -13,6 +14,8 @@ import {
 import { createTestApp, type TestApp } from './support/app';
 import { abortReason, gate, lostReason, settle } from './support/async';
 import { RedisServer } from './support/redis-server';
+import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared.script';
+import { fenceKeyFor, lineKeysFor } from '../lib/store/redis/fence-key';
 import { eventually, sharedClient, sleep, uniquePrefix } from './support/shared-redis';
 
 /** The server's clock in ms, as the scripts read it. */
@@ -284,6 +287,27 @@ describe('the lock family on a real Redis', () => {
       await third.release();
     });
 
+    it('the acquire-shared script run twice (a client re-sending it) takes one permit, with a new token, and keeps the latest lease', async () => {
+      const name = fresh('sem');
+      const long = await b.locks.lock(name, { permits: 3, lockWatchdogTimeout: 5_000 });
+      const slotKeys = fenceKeyFor(a.prefix, key(name));
+      const line = lineKeysFor(a.prefix, key(name), key(name));
+      const run = (): Promise<unknown> =>
+        ACQUIRE_SHARED_SCRIPT.run(
+          redis,
+          [key(name), slotKeys, ...line],
+          ['resent-owner', 1_000, '', 3_000, 0, 'x:0', 3],
+        );
+      const [first, second] = (await Promise.all([run(), run()])) as [number, number][];
+      expect(first[0]).toBe(1);
+      expect(second[0]).toBe(1);
+      expect(second[1]).toBeGreaterThan(first[1]);
+      expect(await redis.hlen(key(name))).toBe(2);
+      expect(await redis.pttl(key(name))).toBeGreaterThan(4_000); // the other holder's lease, not cut to 1 s
+      await redis.hdel(key(name), 'resent-owner');
+      await long.release();
+    });
+
     it('changing permits for a name: a lower bound admits nobody new until holders leave, a higher one admits at once', async () => {
       const name = fresh('sem');
       const held = [
@@ -534,7 +558,14 @@ describe('shared holds when Redis pauses, restarts or is down (a redis-server of
     } finally {
       await server.startProcess();
     }
-    const after = await t.locks.lock(['down-a', 'down-b'], { waitTime: 2_000 });
-    expect(await after.release()).toBe(true);
+    // Once the client has reconnected, nothing of the failed attempts is left in the way.
+    let after: LockSetHandle | null = null;
+    expect(
+      await eventually(
+        async () => (after = await t.locks.tryLock(['down-a', 'down-b']).catch(() => null)) !== null,
+        5_000,
+      ),
+    ).toBe(true);
+    expect(await (after as LockSetHandle | null)?.release()).toBe(true);
   });
 });

@@ -56,7 +56,7 @@ end
 local holders = redis.pcall('hgetall', key)
 ${RAISE_UNLESS_WRONGTYPE_LUA('holders')}
 if not holders then return busy(redis.call('pttl', key)) end
-local live, soonest, latest, lapsed, granted = 0, math.huge, 0, {}, false
+local live, soonest, latest, lapsed, granted, again = 0, math.huge, 0, {}, false, false
 for i = 1, #holders, 2 do
   local field, ends = holders[i], tonumber(holders[i + 1])
   if ends == 0 and waiter ~= '' and string.sub(field, 1, #waiter + 1) == waiter .. ':' then
@@ -65,16 +65,14 @@ for i = 1, #holders, 2 do
     return busy(redis.call('pttl', key))
   elseif ends <= ms then
     lapsed[#lapsed + 1] = field
-  elseif field == owner then
-    live, granted = -1, true
-    break
   else
-    live = live + 1
+    -- a copy of this very call, re-sent after a lost reply, took it already
+    if field == owner then again = true else live = live + 1 end
     if ends < soonest then soonest = ends end
     if ends > latest then latest = ends end
   end
 end
-if live >= 0 and not granted then
+if not again and not granted then
   if limit > 0 and live >= limit then return busy(soonest - ms) end
   if redis.call('exists', line) == 1 then
     ${DROP_LAPSED_LUA}
@@ -83,7 +81,7 @@ if live >= 0 and not granted then
   end
 end
 if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
-if type(granted) == 'string' then redis.call('hdel', key, granted) end
+if granted then redis.call('hdel', key, granted) end
 ${NEXT_TOKEN_LUA}
 local ends = ms + lease
 redis.call('hset', key, owner, ends)
