@@ -27,5 +27,8 @@ export {
   type RedisConnection,
 } from './module/dislock.options';
 export type { AcquireResult, LockStore, ReleaseResult } from './store/lock-store.interface';
+export { MemoryLockStore } from './store/memory/memory-lock.store';
+export { DisLockTestingModule, type DisLockTestingOptions } from './testing/dislock-testing.module';
+export { DisLockTesting, type TestHolder } from './testing/dislock-testing';
 export { dislockAclRule } from './store/redis/access-check';
 export * from './errors';

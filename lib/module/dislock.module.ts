@@ -13,11 +13,14 @@ import { LockService } from '../service/lock.service';
 import { resolveModuleOptions } from './options.validation';
 import { connectRedis } from '../store/redis/redis-client';
 import type { LockStore } from '../store/lock-store.interface';
+import { MemoryLockStore } from '../store/memory/memory-lock.store';
 import { RedisLockStore } from '../store/redis/redis-lock.store';
 import { createRedlockStore } from '../store/redlock/redlock.store';
 import { ReplicaAck } from '../store/redis/replica-ack';
 
 function createStore(options: ResolvedModuleOptions): LockStore {
+  if (options.store === 'memory') return new MemoryLockStore();
+  if (options.store) return options.store;
   const logger = new Logger('DisLock');
   if (options.redlock) return createRedlockStore(options.redlock, options, logger);
   // resolveModuleOptions guarantees `redis` whenever `redlock` is absent.
@@ -47,7 +50,8 @@ function createStore(options: ResolvedModuleOptions): LockStore {
     LockService,
     DisLockInterceptor,
   ],
-  exports: [LockService, DisLockInterceptor],
+  // The store and the options also serve DisLockTestingModule's helper.
+  exports: [LockService, DisLockInterceptor, DISLOCK_STORE, DISLOCK_RESOLVED_OPTIONS],
 })
 export class DisLockModule extends DisLockConfigurableModule {
   /** Configure with options known up front; they are validated here, before the app starts. */

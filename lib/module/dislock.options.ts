@@ -1,5 +1,6 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
 import type { LockLostHandler } from '../core/lock-lost.event';
+import type { LockStore } from '../store/lock-store.interface';
 
 /** A key template over the method's arguments (`'order:{0}'`, `'user:{0.id}'`) or a function of them. */
 export type LockKey = string | ((...args: never[]) => string);
@@ -127,9 +128,16 @@ export interface DisLockModuleOptions {
   /**
    * An ioredis `Redis` or `Cluster` instance (the application keeps ownership and closes it), or
    * `RedisOptions` / a `redis://` URL (the module creates the client and closes it on shutdown).
-   * Set exactly one of `redis` and `redlock`.
+   * Set exactly one of `redis`, `redlock` and `store`.
    */
   redis?: RedisConnection;
+  /**
+   * Where locks are kept, instead of `redis` or `redlock`: `'memory'` for an in-process store of
+   * this application's own (for its unit tests: no Redis needed, fake timers welcome), or a
+   * `LockStore` instance: a `MemoryLockStore` shared by several test applications (they then
+   * lock against each other, as instances sharing a Redis do), or a store of your own.
+   */
+  store?: 'memory' | LockStore;
   /** Redlock over independent masters, instead of `redis`. */
   redlock?: RedlockOptions;
   /** Wait for replicas to confirm each acquisition (with `redis` only). Default: off. */
@@ -157,8 +165,9 @@ export interface DisLockModuleOptions {
 
 /** Module options after defaults are applied and values validated. */
 export interface ResolvedModuleOptions {
-  /** Set unless `redlock` is. */
+  /** Set unless `redlock` or `store` is. */
   readonly redis: RedisConnection | undefined;
+  readonly store: 'memory' | LockStore | undefined;
   readonly redlock: Required<RedlockOptions> | undefined;
   readonly replicas: Required<ReplicaAckOptions> | undefined;
   readonly keyPrefix: string;
@@ -202,7 +211,7 @@ export const DEFAULT_MODULE_OPTIONS = {
   maxRenewTimes: 360,
   waitTime: 0,
   operationTimeout: 5_000,
-} as const satisfies Omit<ResolvedModuleOptions, 'redis' | 'redlock' | 'replicas' | 'onLockLost'>;
+} as const satisfies Omit<ResolvedModuleOptions, 'redis' | 'redlock' | 'replicas' | 'onLockLost' | 'store'>;
 
 export const DEFAULT_REDLOCK_DRIFT_FACTOR = 0.01;
 

@@ -12,6 +12,7 @@ import {
   UNSET_EXPIRE,
 } from './dislock.options';
 import type { LockLostHandler } from '../core/lock-lost.event';
+import type { LockStore } from '../store/lock-store.interface';
 
 /** Node timers overflow past 2^31 - 1 ms and would fire at once; no duration may exceed it. */
 const MAX_DURATION_MS = 2 ** 31 - 1;
@@ -28,6 +29,7 @@ const DECORATOR_FIELDS: ReadonlySet<string> = new Set([...PER_LOCK_FIELDS, 'key'
 const LOCK_FIELDS: ReadonlySet<string> = new Set([...PER_LOCK_FIELDS, 'signal']);
 const MODULE_FIELDS: ReadonlySet<string> = new Set([
   'redis',
+  'store',
   'redlock',
   'replicas',
   'keyPrefix',
@@ -211,6 +213,27 @@ function isRedisConnection(value: unknown): value is DisLockModuleOptions['redis
   return proto === Object.prototype || proto === null;
 }
 
+const STORE_METHODS = ['acquire', 'leave', 'check', 'renew', 'release', 'watch', 'verify', 'close'] as const;
+
+/** `'memory'`, or an object with every method of `LockStore`. */
+function checkStore(where: string, value: unknown): 'memory' | LockStore {
+  if (value === 'memory') return value;
+  const candidate = value as Record<string, unknown> | null;
+  const missing =
+    typeof value === 'object' && candidate !== null
+      ? STORE_METHODS.filter((method) => typeof candidate[method] !== 'function')
+      : STORE_METHODS;
+  if (missing.length > 0) {
+    fail(
+      where,
+      'store',
+      value,
+      `"memory" or a LockStore (such as a MemoryLockStore)${typeof value === 'object' && value !== null ? `; this one has no ${missing.join(', ')}` : ''}`,
+    );
+  }
+  return value as LockStore;
+}
+
 function isClusterLike(value: unknown): boolean {
   return typeof value === 'object' && value !== null && (value as { isCluster?: unknown }).isCluster === true;
 }
@@ -272,7 +295,14 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
   if (redlock && redis !== undefined) {
     throw new InvalidLockOptionsError('redlock', `${where}: set either "redis" or "redlock", not both`);
   }
-  if (!redlock && !isRedisConnection(redis)) {
+  const store = input.store === undefined ? undefined : checkStore(where, input.store);
+  if (store !== undefined && (redis !== undefined || redlock)) {
+    throw new InvalidLockOptionsError(
+      'store',
+      `${where}: set one of "redis", "redlock" and "store"; "store" keeps the locks elsewhere`,
+    );
+  }
+  if (!redlock && store === undefined && !isRedisConnection(redis)) {
     fail(
       where,
       'redis',
@@ -281,6 +311,9 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
     );
   }
   const replicas = input.replicas === undefined ? undefined : checkReplicas(where, input.replicas);
+  if (replicas && store !== undefined) {
+    throw new InvalidLockOptionsError('replicas', `${where}: "replicas" applies to "redis", not to "store"`);
+  }
   if (replicas && redlock) {
     throw new InvalidLockOptionsError(
       'replicas',
@@ -313,7 +346,8 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
     );
   }
   return {
-    redis: redlock ? undefined : redis,
+    redis: redlock || store !== undefined ? undefined : redis,
+    store,
     redlock,
     replicas,
     keyPrefix: input.keyPrefix ?? DEFAULT_MODULE_OPTIONS.keyPrefix,

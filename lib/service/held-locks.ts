@@ -52,6 +52,13 @@ export class HeldLocks implements HoldKeeper {
     this.watchdog.start(lock);
   }
 
+  /** Report every lock of `key` held here lost now (for tests: see DisLockTesting); how many there were. */
+  loseKey(key: string, detail: string): number {
+    const locks = [...this.held].filter((lock) => lock.key === key);
+    for (const lock of locks) this.markLost(lock, 'not-owner', detail);
+    return locks.length;
+  }
+
   /** Report a held lock lost (does nothing if it is not held any more). */
   lose(lock: HeldLock, reason: LockLostReason, detail: string): void {
     this.watchdog.lose(lock, reason, detail);

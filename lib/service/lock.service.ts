@@ -173,6 +173,14 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     return this.held.finish(handle, release);
   }
 
+  /**
+   * @internal Report every lock `name` held by this application lost now, as a renewal finding
+   * another owner would (see DisLockTesting.loseLock); how many there were.
+   */
+  loseHeld(name: string, detail: string): number {
+    return this.held.loseKey(this.options.keyPrefix + name, detail);
+  }
+
   // ---- lifecycle ---------------------------------------------------------------------------
 
   /** Fails startup with `RedisAccessError` when Redis refuses what locking needs (ACL, scripting). */

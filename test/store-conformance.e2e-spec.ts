@@ -1,0 +1,339 @@
+/**
+ * One behavioural suite, run against every store: Redis, the in-memory store, a Redis Cluster and
+ * Redlock over three masters. Each case goes through the public API only (`LockService`), with two
+ * applications sharing the store, as two instances of a service share a Redis; a store that drifts
+ * from the others fails here. What each store keeps is asserted in its own suites.
+ */
+import { type INestApplicationContext, Logger } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import type { Cluster, Redis } from 'ioredis';
+import {
+  DisLockModule,
+  type DisLockModuleOptions,
+  type LockHandle,
+  type LockLostEvent,
+  LockNotAcquiredError,
+  LockService,
+  LockUpgradeError,
+  MemoryLockStore,
+} from 'nestjs-dislock';
+import { abortReason, lostReason, settle } from './support/async';
+import { RedisCluster } from './support/cluster';
+import { RedisServer } from './support/redis-server';
+import { sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
+
+/** A store the suite runs against, and what it needs to look like a real deployment. */
+interface StoreUnderTest {
+  readonly label: string;
+  /** Keeps a line of waiters (fair across applications). */
+  readonly fair: boolean;
+  /** Offers semaphores. */
+  readonly semaphores: boolean;
+  start(): Promise<void>;
+  /** Module options that put an application on this store (the suite adds `keyPrefix`). */
+  options(): Partial<DisLockModuleOptions> | Promise<Partial<DisLockModuleOptions>>;
+  /** Lose `key` as a failing Redis would: the holder finds out at its next renewal. */
+  evict(key: string): Promise<void>;
+  stop(): Promise<void>;
+}
+
+function redisStore(): StoreUnderTest {
+  let client: Redis;
+  return {
+    label: 'Redis',
+    fair: true,
+    semaphores: true,
+    start: async () => void (client = sharedClient()),
+    options: () => ({ redis: sharedRedisUrl() }),
+    evict: async (key) => void (await client.del(key)),
+    stop: async () => client.disconnect(),
+  };
+}
+
+function memoryStore(): StoreUnderTest {
+  const store = new MemoryLockStore();
+  return {
+    label: 'memory',
+    fair: true,
+    semaphores: true,
+    start: async () => undefined,
+    options: () => ({ store }),
+    evict: async (key) => void store.free(key),
+    stop: async () => undefined,
+  };
+}
+
+function clusterStore(): StoreUnderTest {
+  let cluster: RedisCluster;
+  const clients: Cluster[] = [];
+  return {
+    label: 'Redis Cluster',
+    fair: true,
+    semaphores: true,
+    start: async () => {
+      cluster = await RedisCluster.start();
+      clients.push(await cluster.readyClient());
+    },
+    // Each application gets a Cluster client of its own, as separate processes would.
+    options: async () => {
+      const client = await cluster.readyClient();
+      clients.push(client);
+      return { redis: client };
+    },
+    evict: async (key) => void (await clients[0].del(key)),
+    stop: async () => {
+      for (const client of clients) client.disconnect();
+      await cluster?.dispose();
+    },
+  };
+}
+
+function redlockStore(): StoreUnderTest {
+  const servers: RedisServer[] = [];
+  const clients: Redis[] = [];
+  return {
+    label: 'Redlock (3 masters)',
+    fair: false,
+    semaphores: false,
+    start: async () => {
+      servers.push(...(await Promise.all([0, 1, 2].map(() => RedisServer.start()))));
+      clients.push(...servers.map((server) => server.client()));
+    },
+    options: () => ({ redlock: { nodes: servers.map((server) => server.url) } }),
+    evict: async (key) => void (await Promise.all(clients.map((client) => client.del(key)))),
+    stop: async () => {
+      for (const client of clients) client.disconnect();
+      await Promise.all(servers.map((server) => server.dispose()));
+    },
+  };
+}
+
+describe.each([redisStore, memoryStore, clusterStore, redlockStore].map((make) => [make().label, make] as const))(
+  'the same behaviour on %s',
+  (_label, make) => {
+    const store = make();
+    const prefix = uniquePrefix('conformance');
+    const apps: INestApplicationContext[] = [];
+    const lost: LockLostEvent[] = [];
+    let a: LockService;
+    let b: LockService;
+    let seq = 0;
+    const fresh = (label = 'lock'): string => `${label}-${(seq += 1)}`;
+    const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+
+    async function start(): Promise<INestApplicationContext> {
+      const moduleRef = await Test.createTestingModule({
+        imports: [
+          DisLockModule.forRoot({
+            ...(await store.options()),
+            keyPrefix: prefix,
+            operationTimeout: 2_000,
+            onLockLost: (event) => void lost.push(event),
+          }),
+        ],
+      }).compile();
+      const app = await moduleRef.init();
+      apps.push(app);
+      return app;
+    }
+
+    beforeAll(async () => {
+      await store.start();
+      a = (await start()).get(LockService);
+      b = (await start()).get(LockService);
+    });
+
+    afterAll(async () => {
+      await Promise.allSettled(apps.map((app) => app.close()));
+      await store.stop();
+      warn.mockRestore();
+    });
+
+    it('excludes another application; a release lets it in; a fixed lease ends the lock', async () => {
+      const name = fresh();
+      const held = (await a.tryLock(name, { expire: 400 })) as LockHandle;
+      expect(held).not.toBeNull();
+      expect(await b.tryLock(name)).toBeNull();
+      expect(await held.release()).toBe(true);
+      expect(await held.release()).toBe(false);
+      const next = (await b.tryLock(name, { expire: 300 })) as LockHandle;
+      expect(next).not.toBeNull();
+      expect(next.fencingToken).toBeGreaterThan(held.fencingToken);
+      // Reported a little before the lease ends (a safety margin), so another owner gets in just after.
+      expect(lostReason(await abortReason(next.signal, 1_500))).toBe('expired');
+      const after = await a.lock(name, { waitTime: 200 });
+      expect(await next.release()).toBe(false); // owner-safe: the lapsed holder cannot free the new one
+      expect(await b.tryLock(name)).toBeNull();
+      await after.release();
+    });
+
+    it('the watchdog keeps a lock past several leases; stopRenewal lets it lapse', async () => {
+      const name = fresh();
+      const held = await a.lock(name, { lockWatchdogTimeout: 300 });
+      await sleep(800);
+      expect(held.signal.aborted).toBe(false);
+      expect(await b.tryLock(name)).toBeNull();
+      held.stopRenewal();
+      await sleep(450);
+      const next = await b.tryLock(name);
+      expect(next).not.toBeNull();
+      await next?.release();
+    });
+
+    it('a lock lost from the store is reported at the next renewal, and its release frees nothing', async () => {
+      const name = fresh();
+      const held = await a.lock(name, { lockWatchdogTimeout: 300 });
+      await store.evict(prefix + name);
+      expect(lostReason(await abortReason(held.signal, 1_500))).toBe('not-owner');
+      expect(lost.some((event) => event.name === name && event.reason === 'not-owner')).toBe(true);
+      const next = await b.lock(name);
+      expect(await held.release()).toBe(false);
+      expect(await a.tryLock(name)).toBeNull();
+      await next.release();
+    });
+
+    it('a waiter is woken by the release, long before the lease ends; waitTime bounds a wait', async () => {
+      const name = fresh();
+      const held = await a.lock(name, { lockWatchdogTimeout: 10_000 });
+      const waiting = settle(b.lock(name, { waitTime: 5_000 }));
+      await sleep(50);
+      await held.release();
+      const woken = await waiting;
+      expect(woken.ok).toBe(true);
+      expect(woken.ms).toBeLessThan(1_500);
+      const second = (woken as { value: LockHandle }).value;
+      const refused = await settle(a.lock(name, { waitTime: 300 }));
+      expect((refused as { error: unknown }).error).toBeInstanceOf(LockNotAcquiredError);
+      expect(refused.ms).toBeGreaterThanOrEqual(280);
+      expect(refused.ms).toBeLessThan(1_500);
+      await second.release();
+    });
+
+    it('fencing tokens grow with every acquisition of a name, whoever takes it', async () => {
+      const name = fresh();
+      const tokens: number[] = [];
+      for (const locks of [a, b, a, b]) {
+        const handle = await locks.lock(name);
+        tokens.push(handle.fencingToken);
+        await handle.release();
+      }
+      expect(tokens).toEqual([...tokens].sort((x, y) => x - y));
+      expect(new Set(tokens).size).toBe(4);
+    });
+
+    it('re-enters within one call chain, and excludes everyone else meanwhile', async () => {
+      const name = fresh();
+      await a.withLock(name, async (outer) => {
+        const inner = await a.lock(name);
+        expect(inner.owner).toBe(outer.owner);
+        expect(await inner.release()).toBe(false);
+        expect(await b.tryLock(name)).toBeNull();
+      });
+      const free = await b.tryLock(name);
+      expect(free).not.toBeNull();
+      await free?.release();
+    });
+
+    it('lockAtLeastFor keeps a lock released early taken until then', async () => {
+      const name = fresh();
+      const held = await a.lock(name, { lockAtLeastFor: 400 });
+      expect(await held.release()).toBe(false);
+      expect(await b.tryLock(name)).toBeNull();
+      await sleep(500);
+      const next = await b.tryLock(name);
+      expect(next).not.toBeNull();
+      await next?.release();
+    });
+
+    it('read-write: readers share, a writer excludes them, a reader cannot upgrade', async () => {
+      const name = fresh('rw');
+      const r1 = await a.lock(name, { mode: 'read' });
+      const r2 = await b.lock(name, { mode: 'read' });
+      expect(await b.tryLock(name, { mode: 'write' })).toBeNull();
+      await r1.release();
+      expect(await a.tryLock(name, { mode: 'write' })).toBeNull();
+      await r2.release();
+      const writer = await a.lock(name, { mode: 'write' });
+      expect(await b.tryLock(name, { mode: 'read' })).toBeNull();
+      await writer.release();
+      await a.withLock(
+        name,
+        async () => {
+          await expect(a.lock(name, { mode: 'write' })).rejects.toBeInstanceOf(LockUpgradeError);
+        },
+        { mode: 'read' },
+      );
+    });
+
+    it('read-write: a waiting writer is not overtaken by readers that come after it', async ({ skip }) => {
+      if (!store.fair) skip('this store keeps no line');
+      const name = fresh('rw');
+      const reader = await a.lock(name, { mode: 'read' });
+      const writer = settle(b.lock(name, { mode: 'write', waitTime: 5_000 }));
+      await sleep(100);
+      expect(await a.tryLock(name, { mode: 'read' })).toBeNull();
+      await reader.release();
+      const w = await writer;
+      expect(w.ok).toBe(true);
+      await (w as { value: LockHandle }).value.release();
+    });
+
+    it('semaphore: at most permits holders; a released permit wakes a waiter', async ({ skip }) => {
+      if (!store.semaphores) {
+        await expect(a.lock(fresh('sem'), { permits: 2 })).rejects.toMatchObject({ option: 'permits' });
+        skip('this store offers no semaphores');
+      }
+      const name = fresh('sem');
+      const p1 = await a.lock(name, { permits: 2 });
+      const p2 = await b.lock(name, { permits: 2 });
+      expect(await a.tryLock(name, { permits: 2 })).toBeNull();
+      const waiting = settle(b.lock(name, { permits: 2, waitTime: 5_000, lockWatchdogTimeout: 10_000 }));
+      await sleep(50);
+      await p1.release();
+      const woken = await waiting;
+      expect(woken.ok).toBe(true);
+      expect(woken.ms).toBeLessThan(1_500);
+      await p2.release();
+      await (woken as { value: LockHandle }).value.release();
+    });
+
+    it('multi-lock: all or nothing, and opposite orders never deadlock', async () => {
+      const [x, y] = [fresh('m'), fresh('m')];
+      const blocker = await b.lock(y);
+      expect(await a.tryLock([x, y], { waitTime: 100 })).toBeNull();
+      const free = await b.tryLock(x); // the failed multi-lock left x free
+      expect(free).not.toBeNull();
+      await free?.release();
+      await blocker.release();
+      let inside = 0;
+      let overlaps = 0;
+      const loop = async (locks: LockService, names: string[]): Promise<void> => {
+        for (let i = 0; i < 8; i += 1) {
+          await locks.withLock(
+            names,
+            async () => {
+              inside += 1;
+              if (inside > 1) overlaps += 1;
+              await sleep(1);
+              inside -= 1;
+            },
+            { waitTime: 5_000 },
+          );
+        }
+      };
+      await Promise.all([loop(a, [x, y]), loop(b, [y, x])]);
+      expect(overlaps).toBe(0);
+    });
+
+    it('shutdown releases what an application holds: the other gets it at once', async () => {
+      const name = fresh();
+      const app = await start();
+      await app.get(LockService).lock(name, { lockWatchdogTimeout: 10_000 });
+      expect(await a.tryLock(name)).toBeNull();
+      await app.close();
+      const next = await a.tryLock(name);
+      expect(next).not.toBeNull();
+      await next?.release();
+    });
+  },
+);
