@@ -11,6 +11,13 @@ export { DisLockExceptionFilter } from './decorator/dislock-exception.filter';
 export type { LockHandle } from './core/lock-handle';
 export type { LockSetHandle } from './core/lock-set';
 export type { LockLostEvent, LockLostHandler } from './core/lock-lost.event';
+export type {
+  LockEvent,
+  LockEventListener,
+  LockEventPayloads,
+  LockEventType,
+  LockHoldKind,
+} from './events/lock-events';
 export { DISLOCK_METADATA } from './module/dislock.constants';
 export { DISLOCK_MODULE_OPTIONS } from './module/dislock.module-definition';
 export {

@@ -1,4 +1,5 @@
-import type { ResolvedLockOptions } from '../module/dislock.options';
+import type { LockHoldKind } from '../events/lock-events';
+import { holdKindOf, type ResolvedLockOptions } from '../module/dislock.options';
 import type { Scheduled } from './due-heap';
 import type { WatchdogDue } from './watchdog';
 
@@ -99,6 +100,8 @@ export class HeldLock implements Scheduled {
   dueAt = 0;
   /** Position in the watchdog's schedule; -1 when nothing is due. */
   heapIndex = -1;
+  /** When the renewal on its way (or the last one) was due: how late it went is its lag. */
+  renewDueAt = 0;
   /** The last renewal error, kept to explain a lease that ran out while Redis was unreachable. */
   lastError: unknown;
   /**
@@ -153,7 +156,16 @@ export class HeldLock implements Scheduled {
 
   /** A shared hold (a reader's, or a semaphore's permit) rather than an exclusive one. */
   get shared(): boolean {
-    return this.options.mode === 'read' || this.options.permits > 0;
+    return this.kind !== 'exclusive';
+  }
+
+  get kind(): LockHoldKind {
+    return holdKindOf(this.options);
+  }
+
+  /** Which lock, for its events. */
+  get eventBase(): { readonly name: string; readonly key: string; readonly kind: LockHoldKind } {
+    return { name: this.name, key: this.key, kind: this.kind };
   }
 
   /** Whether the watchdog renews this lock (no fixed `expire`). */

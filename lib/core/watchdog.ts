@@ -3,6 +3,7 @@ import { describeError } from './describe-error';
 import { DueHeap } from './due-heap';
 import type { LockLostReason } from '../errors';
 import type { HeldLock } from './lock-handle';
+import type { LockEvents } from '../events/lock-events';
 import type { LockStore } from '../store/lock-store.interface';
 
 const now = (): number => performance.now();
@@ -53,6 +54,7 @@ export class Watchdog {
     private readonly onLost: (lock: HeldLock, reason: LockLostReason, detail: string, cause?: unknown) => void,
     /** Runs the timer's setup outside every caller's lock scope (see LockScope.outside). */
     private readonly outside: <T>(fn: () => T) => T,
+    private readonly events: LockEvents,
   ) {}
 
   /**
@@ -63,6 +65,7 @@ export class Watchdog {
    */
   start(lock: HeldLock): void {
     if (lock.takingUp) {
+      lock.renewDueAt = now();
       // A grant's short lease: renew now. Sent before this returns, so that it reaches Redis ahead
       // of any later attempt of the same line, which would otherwise take the grant up itself.
       this.renew([lock]).catch((error: unknown) => this.report(error));
@@ -127,8 +130,10 @@ export class Watchdog {
         const due = lock.due;
         lock.due = undefined;
         if (lock.state !== 'held') continue;
-        if (due === 'renew') batch.push(lock);
-        else if (due) this.leaseEnded(lock, due);
+        if (due === 'renew') {
+          lock.renewDueAt = lock.dueAt;
+          batch.push(lock);
+        } else if (due) this.leaseEnded(lock, due);
       }
       if (batch.length > 0) {
         this.renew(batch).catch((error: unknown) => this.report(error));
@@ -179,6 +184,9 @@ export class Watchdog {
     if (lock.state !== 'held' || lock.due !== 'lease-expired') return; // released, lost or moved on meanwhile
     if (typeof outcome === 'object') {
       lock.lastError = outcome.error;
+      if (this.events.listens('renewal-failed')) {
+        this.events.emit('renewal-failed', lock.eventBase, { owner: lock.owner, error: outcome.error });
+      }
       this.plan(lock, now() + Math.min(this.interval(lock), lock.leaseEndsAt - now()), 'renew');
       return;
     }
@@ -188,6 +196,9 @@ export class Watchdog {
     }
     lock.lastError = undefined;
     lock.leaseEndsAt = lock.validUntil(sentAt);
+    if (this.events.listens('renewed')) {
+      this.events.emit('renewed', lock.eventBase, { owner: lock.owner, lagMs: Math.max(0, sentAt - lock.renewDueAt) });
+    }
     if (lock.takingUp) {
       // The grant is taken up and the lock has its own lease now: on from here as if just acquired.
       lock.takingUp = false;

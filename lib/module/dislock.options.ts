@@ -1,5 +1,6 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
 import type { LockLostHandler } from '../core/lock-lost.event';
+import type { LockHoldKind } from '../events/lock-events';
 import type { LockStore } from '../store/lock-store.interface';
 
 /** A key template over the method's arguments (`'order:{0}'`, `'user:{0.id}'`) or a function of them. */
@@ -192,6 +193,12 @@ export interface ResolvedLockOptions {
   readonly mode: LockMode;
   /** A semaphore's holders at most; `0`: not a semaphore. */
   readonly permits: number;
+}
+
+/** How an acquisition with these options holds its lock. */
+export function holdKindOf(options: ResolvedLockOptions): LockHoldKind {
+  if (options.permits > 0) return 'permit';
+  return options.mode === 'read' ? 'read' : 'exclusive';
 }
 
 /**

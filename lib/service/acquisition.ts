@@ -3,7 +3,8 @@ import type { LockScope } from '../core/lock-scope';
 import { LockSet } from '../core/lock-set';
 import { OwnerIds } from '../core/owner-ids';
 import { InvalidLockOptionsError, LockUpgradeError } from '../errors';
-import { type ResolvedLockOptions, type ResolvedModuleOptions, shareOf } from '../module/dislock.options';
+import type { LockEvents, LockHoldKind } from '../events/lock-events';
+import { holdKindOf, type ResolvedLockOptions, type ResolvedModuleOptions, shareOf } from '../module/dislock.options';
 import type { Grant, LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
@@ -30,6 +31,7 @@ export class Acquisition implements Attempter {
     private readonly held: HeldLocks,
     private readonly line: WaitLine,
     private readonly gate: ShutdownGate,
+    private readonly events: LockEvents,
   ) {}
 
   /**
@@ -43,9 +45,24 @@ export class Acquisition implements Attempter {
     keepOnShutdown: boolean,
     cancel?: AbortSignal,
   ): Promise<Handle | null> {
+    const startedAt = now();
     this.gate.enter();
     try {
-      return await this.acquireNow(name, options, keepOnShutdown, cancel);
+      const handle = await this.acquireNow(name, options, keepOnShutdown, cancel);
+      if (handle) {
+        if (this.events.listens('acquired')) {
+          const { lock } = handle;
+          this.events.emit('acquired', lock.eventBase, {
+            owner: lock.owner,
+            fencingToken: lock.fencingToken,
+            reentrant: handle.reentrant,
+            waitedMs: now() - startedAt,
+          });
+        }
+      } else if (this.events.listens('busy')) {
+        this.events.emit('busy', this.eventBase(name, options), { waitedMs: now() - startedAt });
+      }
+      return handle;
     } finally {
       this.gate.leave();
     }
@@ -131,9 +148,21 @@ export class Acquisition implements Attempter {
         this.line.leave(key, place.id);
         return null;
       }
+      this.waiting(name, options);
       return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel, { place, ttl: first });
     }
+    this.waiting(name, options);
     return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel);
+  }
+
+  private waiting(name: string, options: ResolvedLockOptions): void {
+    if (this.events.listens('waiting')) {
+      this.events.emit('waiting', this.eventBase(name, options), { waitTime: options.waitTime });
+    }
+  }
+
+  private eventBase(name: string, options: ResolvedLockOptions): { name: string; key: string; kind: LockHoldKind } {
+    return { name, key: this.options.keyPrefix + name, kind: holdKindOf(options) };
   }
 
   /**

@@ -4,6 +4,7 @@ import type { Handle, HeldLock, HoldKeeper, LockHandle } from '../core/lock-hand
 import type { LockScope } from '../core/lock-scope';
 import { Watchdog } from '../core/watchdog';
 import { LockLostError, type LockLostReason, RedisUnavailableError } from '../errors';
+import type { LockEvents } from '../events/lock-events';
 import type { LockStore, RenewOutcome } from '../store/lock-store.interface';
 import type { LossReporter } from './loss-reporter';
 import { redisFailed } from './redis-failed';
@@ -37,12 +38,14 @@ export class HeldLocks implements HoldKeeper {
     scope: LockScope,
     private readonly reporter: LossReporter,
     private readonly line: WaitLine,
+    private readonly events: LockEvents,
   ) {
     this.watchdog = new Watchdog(
       store,
       logger,
       (lock, reason, detail, cause) => this.markLost(lock, reason, detail, cause),
       (fn) => scope.outside(fn),
+      events,
     );
   }
 
@@ -132,7 +135,11 @@ export class HeldLocks implements HoldKeeper {
       // Expired or taken over before the watchdog noticed: the work it protected was not protected.
       this.markLost(lock, 'not-owner', 'its release found it gone or held by another owner');
     }
-    return result === 'released' && !wasLost;
+    const freed = result === 'released' && !wasLost;
+    if (freed && this.events.listens('released')) {
+      this.events.emit('released', lock.eventBase, { owner: lock.owner, heldMs: now() - lock.lockedAt });
+    }
+    return freed;
   }
 
   stopRenewal(lock: HeldLock): void {

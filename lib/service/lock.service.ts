@@ -12,6 +12,7 @@ import { InvalidLockOptionsError, LockNotAcquiredError, LockNotHeldError } from 
 import type { Handle, LockHandle } from '../core/lock-handle';
 import { LockSet, type LockSetHandle } from '../core/lock-set';
 import { LockScope } from '../core/lock-scope';
+import { type LockEventListener, LockEvents, type LockEventType } from '../events/lock-events';
 import type { LockStore } from '../store/lock-store.interface';
 import { resolveLockOptions, validateLockOptions } from '../module/options.validation';
 import { checkLockNames, describeNames } from './lock-names';
@@ -39,15 +40,18 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   private readonly held: HeldLocks;
   private readonly acquisition: Acquisition;
   private readonly logger = new Logger('DisLock');
+  private readonly events = new LockEvents(this.logger);
 
   constructor(
     @Inject(DISLOCK_RESOLVED_OPTIONS) private readonly options: ResolvedModuleOptions,
     @Inject(DISLOCK_STORE) private readonly store: LockStore,
   ) {
     const logger = this.logger;
+    const events = this.events;
     this.line = new WaitLine(store, this.scope, this.gate);
-    this.held = new HeldLocks(store, logger, this.scope, new LossReporter(options, logger, this.scope), this.line);
-    this.acquisition = new Acquisition(options, store, this.scope, this.held, this.line, this.gate);
+    const reporter = new LossReporter(options, logger, this.scope, events);
+    this.held = new HeldLocks(store, logger, this.scope, reporter, this.line, events);
+    this.acquisition = new Acquisition(options, store, this.scope, this.held, this.line, this.gate, events);
   }
 
   /**
@@ -107,6 +111,16 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     } finally {
       await this.finish(handle, true);
     }
+  }
+
+  /**
+   * Listen for lock events of this application: `'acquired'`, `'waiting'`, `'busy'`, `'renewed'`,
+   * `'renewal-failed'`, `'lost'`, `'released'` (see `LockEventPayloads`). The listener runs
+   * synchronously where the event happens and must not throw (an error is logged). Returns a
+   * function that removes it.
+   */
+  on<T extends LockEventType>(type: T, listener: LockEventListener<T>): () => void {
+    return this.events.on(type, listener);
   }
 
   /**

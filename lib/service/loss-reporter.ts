@@ -5,6 +5,7 @@ import type { LockLostEvent, LockLostHandler } from '../core/lock-lost.event';
 import type { LockScope } from '../core/lock-scope';
 import { isPromiseLike } from '../core/promise-like';
 import type { LockLostError } from '../errors';
+import type { LockEvents } from '../events/lock-events';
 import type { ResolvedModuleOptions } from '../module/dislock.options';
 
 /** Tells the holder of a lock that it is lost: its signal, its `onLockLost` hooks, or the log. */
@@ -13,6 +14,7 @@ export class LossReporter {
     private readonly options: ResolvedModuleOptions,
     private readonly logger: Logger,
     private readonly scope: LockScope,
+    private readonly events: LockEvents,
   ) {}
 
   /**
@@ -26,6 +28,8 @@ export class LossReporter {
 
   private tell(lock: HeldLock, error: LockLostError): void {
     lock.controller.abort(error);
+    if (this.events.listens('lost'))
+      this.events.emit('lost', lock.eventBase, { owner: lock.owner, reason: error.reason });
     const hooks = [lock.options.onLockLost, this.options.onLockLost].filter(
       (hook): hook is LockLostHandler => hook !== undefined,
     );
