@@ -151,6 +151,30 @@ describe('the lock family on a real Redis', () => {
       await readHandle.release();
     });
 
+    it('readers queued behind writers of several processes all get in together once the writers are done', async () => {
+      const name = fresh('rw');
+      const holder = await a.locks.lock(name, { mode: 'write' });
+      const hold = async (locks: LockService, mode: 'read' | 'write', ms: number): Promise<number> => {
+        const handle = await locks.lock(name, { mode, waitTime: 8_000 });
+        const startedAt = performance.now();
+        await sleep(ms);
+        await handle.release();
+        return startedAt;
+      };
+      const writers = [hold(b.locks, 'write', 30)];
+      await sleep(30);
+      writers.push(hold(a.locks, 'write', 30));
+      await sleep(30);
+      const readers = [hold(a.locks, 'read', 400), hold(a.locks, 'read', 400), hold(b.locks, 'read', 400)];
+      readers.push(hold(b.locks, 'read', 400));
+      await sleep(30);
+      await holder.release();
+      await Promise.all(writers);
+      const starts = await Promise.all(readers);
+      // Each reader's start lets the next in line look at once (no grant window of 250 ms each).
+      expect(Math.max(...starts) - Math.min(...starts)).toBeLessThan(200);
+    });
+
     it('a writer may take the read lock (it re-enters); a reader asking for the write lock fails at once', async () => {
       const name = fresh('rw');
       await a.locks.withLock(

@@ -1,4 +1,4 @@
-import type { LockHoldKind } from '../events/lock-events';
+import type { LockEventSubject, LockHoldKind } from '../events/lock-events';
 import { holdKindOf, type ResolvedLockOptions } from '../module/dislock.options';
 import type { Scheduled } from './due-heap';
 import type { WatchdogDue } from './watchdog';
@@ -164,8 +164,8 @@ export class HeldLock implements Scheduled {
   }
 
   /** Which lock, for its events. */
-  get eventBase(): { readonly name: string; readonly key: string; readonly kind: LockHoldKind } {
-    return { name: this.name, key: this.key, kind: this.kind };
+  get eventBase(): LockEventSubject {
+    return { name: this.name, key: this.key, kind: this.kind, label: this.options.label };
   }
 
   /** Whether the watchdog renews this lock (no fixed `expire`). */

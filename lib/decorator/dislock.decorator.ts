@@ -91,10 +91,12 @@ export function DisLock(optionsOrKey: DisLockOptions | LockKey): DisLockDecorato
       throw new InvalidLockOptionsError('target', `${where}: @DisLock applies to methods only`);
     }
     const { key, ifExpireWhenFinish, onBusy, ...timing } = options;
+    const className = (target as { constructor: { name: string } }).constructor.name;
     const spec: LockedMethodSpec = {
       where,
+      method: `${className}.${String(propertyKey)}`,
       resolveKey: compileWithContext(where, key),
-      options: timing,
+      options: { ...timing, label: timing.label ?? labelOf(key, `${className}.${String(propertyKey)}`) },
       releaseOnFinish: ifExpireWhenFinish ?? true,
       onBusy: onBusy ?? 'throw',
     };
@@ -140,4 +142,10 @@ function compileWithContext(where: string, key: LockKey | readonly LockKey[]): L
     }
     throw error;
   }
+}
+
+/** The bounded name of a decorated lock for metrics and events: its template(s), or the method for a key function. */
+function labelOf(key: LockKey | readonly LockKey[], method: string): string {
+  const one = (part: LockKey): string => (typeof part === 'string' ? part : method);
+  return typeof key === 'string' || typeof key === 'function' ? one(key) : [...new Set(key.map(one))].join(', ');
 }

@@ -15,14 +15,18 @@ import {
 } from 'rxjs';
 import type { DisLockOptions } from '../module/dislock.options';
 import type { KeyResolver } from './key-template';
+import { LockSet } from '../core/lock-set';
+import { DisLockTelemetry, type MethodSpan } from '../integrations/opentelemetry';
 import { type Held, LockService } from '../service/lock.service';
 import { LockedResult } from './locked-result';
 import { isPromiseLike } from '../core/promise-like';
 
 /** What `@DisLock` computed once, when the class was defined. */
 export interface LockedMethodSpec {
-  /** `ClassName.method`, for messages. */
+  /** `@DisLock on ClassName.method`, for messages. */
   readonly where: string;
+  /** `ClassName.method`. */
+  readonly method: string;
   /** The lock name from the arguments, or a multi-lock's names. */
   readonly resolveKey: KeyResolver | ((args: readonly unknown[]) => readonly string[]);
   /** Validated timing options; module defaults fill the rest at call time. */
@@ -50,7 +54,10 @@ function toObservable(result: unknown): Observable<unknown> {
  */
 @Injectable()
 export class DisLockInterceptor {
-  constructor(private readonly locks: LockService) {}
+  constructor(
+    private readonly locks: LockService,
+    private readonly telemetry: DisLockTelemetry,
+  ) {}
 
   /**
    * The same steps for a method declared to return a Promise, as one async function: resolve the
@@ -63,12 +70,21 @@ export class DisLockInterceptor {
     const name = spec.resolveKey(args); // throws KeyResolutionError before Redis is touched
     const handle = await this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, spec.onBusy);
     if (!handle) return undefined; // busy, and `onBusy: 'skip'`
+    const span = this.startSpan(spec, handle);
+    let failure: unknown;
     try {
       return await this.locks.runInScope(handle, () => {
-        const result = invoke();
-        return isObservable(result) ? lastValueFrom(result, { defaultValue: undefined }) : result;
+        const call = (): unknown => {
+          const result = invoke();
+          return isObservable(result) ? lastValueFrom(result, { defaultValue: undefined }) : result;
+        };
+        return span ? span.run(call) : call();
       });
+    } catch (error) {
+      failure = error;
+      throw error;
     } finally {
+      span?.end(failure);
       await this.locks.finish(handle, spec.releaseOnFinish);
     }
   }
@@ -130,16 +146,34 @@ export class DisLockInterceptor {
   }
 
   private runLocked(spec: LockedMethodSpec, handle: Held, invoke: () => unknown): Observable<unknown> {
+    const span = this.startSpan(spec, handle);
+    let failure: unknown;
     let finished: Promise<void> | undefined;
-    const finish = (): Promise<void> => (finished ??= this.locks.finish(handle, spec.releaseOnFinish));
+    const finish = (): Promise<void> => {
+      if (!finished) span?.end(failure);
+      return (finished ??= this.locks.finish(handle, spec.releaseOnFinish));
+    };
     const afterFinish = defer(finish).pipe(ignoreElements());
+    const call = (): Observable<unknown> => toObservable(invoke());
     const method = new Observable<unknown>((subscriber) =>
-      this.locks.runInScope(handle, () => defer(() => toObservable(invoke())).subscribe(subscriber)),
+      this.locks.runInScope(handle, () => defer(span ? () => span.run(call) : call).subscribe(subscriber)),
     );
     return method.pipe(
       concatWith(afterFinish),
-      catchError((error: unknown) => afterFinish.pipe(concatWith(throwError(() => error)))),
+      catchError((error: unknown) => {
+        failure = error;
+        return afterFinish.pipe(concatWith(throwError(() => error)));
+      }),
       finalize(() => void finish()), // unsubscribed early: free the lock all the same
     );
+  }
+
+  /** The method's span, when OpenTelemetry traces. */
+  private startSpan(spec: LockedMethodSpec, handle: Held): MethodSpan | undefined {
+    const subject =
+      handle instanceof LockSet
+        ? { name: handle.name, key: handle.key, kind: 'exclusive' as const, label: spec.options.label }
+        : handle.lock.eventBase;
+    return this.telemetry.startMethod(spec.method, subject);
   }
 }

@@ -12,8 +12,13 @@ interface LockEventBase {
   /** The store key: prefix + name. */
   readonly key: string;
   readonly kind: LockHoldKind;
+  /** The lock's `label` (a `@DisLock` key template, or what a `LockService` call passed). */
+  readonly label: string | undefined;
   readonly at: number;
 }
+
+/** Which lock an event is about (every event's fields but its type, time and payload). */
+export type LockEventSubject = Omit<LockEventBase, 'at'>;
 
 /** What each lock event carries besides its `type` and the base. */
 export interface LockEventPayloads {
@@ -22,12 +27,14 @@ export interface LockEventPayloads {
     readonly owner: string;
     readonly fencingToken: number;
     readonly reentrant: boolean;
+    /** Whether it had to wait (a `waiting` event came first). */
+    readonly waited: boolean;
     readonly waitedMs: number;
   };
   /** A caller found the lock busy and starts waiting for it (`waitTime` > 0). */
   waiting: { readonly waitTime: number };
   /** A caller did not get the lock: still busy after `waitedMs`, or its wait was cancelled. */
-  busy: { readonly waitedMs: number };
+  busy: { readonly waited: boolean; readonly waitedMs: number };
   /** The watchdog renewed the lease, `lagMs` after the renewal was due. */
   renewed: { readonly owner: string; readonly lagMs: number };
   /** A renewal could not be made (Redis did not answer or failed); it is retried within the lease. */
@@ -55,6 +62,7 @@ export type LockEventListener<T extends LockEventType = LockEventType> = (event:
  */
 export class LockEvents {
   private readonly listeners = new Map<LockEventType, Set<LockEventListener>>();
+  private readonly heldListeners = new Set<(delta: number) => void>();
 
   constructor(private readonly logger: Logger) {}
 
@@ -75,7 +83,21 @@ export class LockEvents {
     };
   }
 
-  emit<T extends LockEventType>(type: T, base: Omit<LockEventBase, 'at'>, payload: LockEventPayloads[T]): void {
+  /**
+   * @internal Follow how many locks the application holds (+1 taken, -1 no longer kept: released,
+   * lost, left to expire), for the held-locks metric; not one of the public events.
+   */
+  onHeldChange(listener: (delta: number) => void): () => void {
+    this.heldListeners.add(listener);
+    return () => void this.heldListeners.delete(listener);
+  }
+
+  /** @internal See `onHeldChange`. */
+  heldChanged(delta: number): void {
+    for (const listener of this.heldListeners) listener(delta);
+  }
+
+  emit<T extends LockEventType>(type: T, base: LockEventSubject, payload: LockEventPayloads[T]): void {
     const set = this.listeners.get(type);
     if (!set) return;
     const event = { type, ...base, at: Date.now(), ...payload } as LockEvent;

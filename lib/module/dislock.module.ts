@@ -9,6 +9,7 @@ import {
   type DISLOCK_OPTIONS_TYPE,
 } from './dislock.module-definition';
 import type { RedisConnection, ResolvedModuleOptions } from './dislock.options';
+import { DisLockTelemetry } from '../integrations/opentelemetry';
 import { LockService } from '../service/lock.service';
 import { resolveModuleOptions } from './options.validation';
 import { connectRedis } from '../store/redis/redis-client';
@@ -49,6 +50,7 @@ function createStore(options: ResolvedModuleOptions): LockStore {
     { provide: DISLOCK_STORE, useFactory: createStore, inject: [DISLOCK_RESOLVED_OPTIONS] },
     LockService,
     DisLockInterceptor,
+    DisLockTelemetry,
   ],
   // The store and the options also serve DisLockTestingModule's helper.
   exports: [LockService, DisLockInterceptor, DISLOCK_STORE, DISLOCK_RESOLVED_OPTIONS],

@@ -52,6 +52,12 @@ export interface PerLockOptions extends LockTimingOptions {
    * admits more at once. Not with `mode`, nor over Redlock.
    */
   permits?: number;
+  /**
+   * A name for this kind of lock in metrics, spans and events, where the lock name itself would
+   * have too many values (`'order'` for `order:{0}`). `@DisLock` uses its key template (or
+   * `Class.method` for a key function) when unset; `LockService` calls have none unless given.
+   */
+  label?: string;
 }
 
 /** `'read'`: shared with other readers; `'write'`: exclusive. */
@@ -162,6 +168,13 @@ export interface DisLockModuleOptions {
    * application shut down. Default: a warning through Nest's `Logger`.
    */
   onLockLost?: LockLostHandler;
+  /**
+   * OpenTelemetry metrics and spans, through `@opentelemetry/api` when the application has it
+   * installed (an optional peer; the SDK it registers decides where they go). `false` turns them
+   * off; `{ lockNames: true }` labels them with each resolved lock name instead of its `label`
+   * (mind the cardinality). Default: on when the API is installed.
+   */
+  telemetry?: boolean | { lockNames?: boolean };
 }
 
 /** Module options after defaults are applied and values validated. */
@@ -177,6 +190,7 @@ export interface ResolvedModuleOptions {
   readonly waitTime: number;
   readonly operationTimeout: number;
   readonly onLockLost: LockLostHandler | undefined;
+  readonly telemetry: { readonly enabled: boolean; readonly lockNames: boolean };
 }
 
 /** Timing of one acquisition, every default applied. `expire === -1` means the watchdog renews. */
@@ -193,6 +207,8 @@ export interface ResolvedLockOptions {
   readonly mode: LockMode;
   /** A semaphore's holders at most; `0`: not a semaphore. */
   readonly permits: number;
+  /** See `PerLockOptions.label`. */
+  readonly label: string | undefined;
 }
 
 /** How an acquisition with these options holds its lock. */
@@ -218,7 +234,10 @@ export const DEFAULT_MODULE_OPTIONS = {
   maxRenewTimes: 360,
   waitTime: 0,
   operationTimeout: 5_000,
-} as const satisfies Omit<ResolvedModuleOptions, 'redis' | 'redlock' | 'replicas' | 'onLockLost' | 'store'>;
+} as const satisfies Omit<
+  ResolvedModuleOptions,
+  'redis' | 'redlock' | 'replicas' | 'onLockLost' | 'store' | 'telemetry'
+>;
 
 export const DEFAULT_REDLOCK_DRIFT_FACTOR = 0.01;
 

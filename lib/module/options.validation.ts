@@ -18,7 +18,10 @@ import type { LockStore } from '../store/lock-store.interface';
 const MAX_DURATION_MS = 2 ** 31 - 1;
 
 const TIMING_FIELDS = ['expire', 'lockWatchdogTimeout', 'maxRenewTimes', 'waitTime'] as const;
-const PER_LOCK_FIELDS = [...TIMING_FIELDS, 'lockAtLeastFor', 'onLockLost', 'mode', 'permits'] as const;
+const PER_LOCK_FIELDS = [...TIMING_FIELDS, 'lockAtLeastFor', 'onLockLost', 'mode', 'permits', 'label'] as const;
+
+/** Longest `label`, in characters. */
+const MAX_LABEL_LENGTH = 200;
 
 /** Most names one multi-lock may take. */
 export const MAX_LOCK_SET = 64;
@@ -38,6 +41,7 @@ const MODULE_FIELDS: ReadonlySet<string> = new Set([
   'waitTime',
   'operationTimeout',
   'onLockLost',
+  'telemetry',
 ]);
 
 /** A URL-like string with its user and password masked, so that an error never quotes a password. */
@@ -114,6 +118,12 @@ function checkTiming(where: string, raw: Record<string, unknown>): LockOptions {
       fail(where, 'mode', raw.mode, '"read" (shared with other readers) or "write" (exclusive, the default)');
     }
     out.mode = raw.mode;
+  }
+  if (raw.label !== undefined) {
+    if (typeof raw.label !== 'string' || raw.label === '' || raw.label.length > MAX_LABEL_LENGTH) {
+      fail(where, 'label', raw.label, `a non-empty string of at most ${MAX_LABEL_LENGTH} characters`);
+    }
+    out.label = raw.label;
   }
   if (raw.permits !== undefined) {
     if (!isWholeMs(raw.permits) || raw.permits < 1 || raw.permits > MAX_PERMITS) {
@@ -211,6 +221,15 @@ function isRedisConnection(value: unknown): value is DisLockModuleOptions['redis
   if (typeof client.evalsha === 'function' && typeof client.eval === 'function') return true;
   const proto: unknown = Object.getPrototypeOf(value);
   return proto === Object.prototype || proto === null;
+}
+
+function checkTelemetry(where: string, value: unknown): ResolvedModuleOptions['telemetry'] {
+  if (value === undefined || typeof value === 'boolean') return { enabled: value ?? true, lockNames: false };
+  const input = checkObject(`${where} telemetry`, value, new Set(['lockNames']));
+  if (input.lockNames !== undefined && typeof input.lockNames !== 'boolean') {
+    fail(where, 'telemetry.lockNames', input.lockNames, 'a boolean');
+  }
+  return { enabled: true, lockNames: input.lockNames === true };
 }
 
 const STORE_METHODS = ['acquire', 'leave', 'check', 'renew', 'release', 'watch', 'verify', 'close'] as const;
@@ -356,6 +375,7 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
     waitTime: timing.waitTime ?? DEFAULT_MODULE_OPTIONS.waitTime,
     operationTimeout,
     onLockLost: timing.onLockLost,
+    telemetry: checkTelemetry(where, input.telemetry),
   };
 }
 
@@ -370,5 +390,6 @@ export function resolveLockOptions(defaults: ResolvedModuleOptions, options: Loc
     onLockLost: options.onLockLost,
     mode: options.mode ?? 'write',
     permits: options.permits ?? 0,
+    label: options.label,
   };
 }

@@ -3,7 +3,7 @@ import type { LockScope } from '../core/lock-scope';
 import { LockSet } from '../core/lock-set';
 import { OwnerIds } from '../core/owner-ids';
 import { InvalidLockOptionsError, LockUpgradeError } from '../errors';
-import type { LockEvents, LockHoldKind } from '../events/lock-events';
+import type { LockEvents, LockEventSubject } from '../events/lock-events';
 import { holdKindOf, type ResolvedLockOptions, type ResolvedModuleOptions, shareOf } from '../module/dislock.options';
 import type { Grant, LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
@@ -46,9 +46,10 @@ export class Acquisition implements Attempter {
     cancel?: AbortSignal,
   ): Promise<Handle | null> {
     const startedAt = now();
+    const progress = { waited: false };
     this.gate.enter();
     try {
-      const handle = await this.acquireNow(name, options, keepOnShutdown, cancel);
+      const handle = await this.acquireNow(name, options, keepOnShutdown, cancel, progress);
       if (handle) {
         if (this.events.listens('acquired')) {
           const { lock } = handle;
@@ -56,11 +57,15 @@ export class Acquisition implements Attempter {
             owner: lock.owner,
             fencingToken: lock.fencingToken,
             reentrant: handle.reentrant,
+            waited: progress.waited,
             waitedMs: now() - startedAt,
           });
         }
       } else if (this.events.listens('busy')) {
-        this.events.emit('busy', this.eventBase(name, options), { waitedMs: now() - startedAt });
+        this.events.emit('busy', this.eventBase(name, options), {
+          waited: progress.waited,
+          waitedMs: now() - startedAt,
+        });
       }
       return handle;
     } finally {
@@ -102,6 +107,7 @@ export class Acquisition implements Attempter {
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
     cancel: AbortSignal | undefined,
+    progress: { waited: boolean },
   ): Promise<Handle | null> {
     this.gate.assertOpen(name);
     const reserved = this.store.reservedPrefixes.find((prefix) => name.startsWith(prefix));
@@ -148,21 +154,23 @@ export class Acquisition implements Attempter {
         this.line.leave(key, place.id);
         return null;
       }
-      this.waiting(name, options);
+      this.waiting(name, options, progress);
       return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel, { place, ttl: first });
     }
-    this.waiting(name, options);
+    this.waiting(name, options, progress);
     return this.line.wait(this, name, key, options, keepOnShutdown, deadline, cancel);
   }
 
-  private waiting(name: string, options: ResolvedLockOptions): void {
+  /** The acquisition goes on to wait for the lock. */
+  private waiting(name: string, options: ResolvedLockOptions, progress: { waited: boolean }): void {
+    progress.waited = true;
     if (this.events.listens('waiting')) {
       this.events.emit('waiting', this.eventBase(name, options), { waitTime: options.waitTime });
     }
   }
 
-  private eventBase(name: string, options: ResolvedLockOptions): { name: string; key: string; kind: LockHoldKind } {
-    return { name, key: this.options.keyPrefix + name, kind: holdKindOf(options) };
+  private eventBase(name: string, options: ResolvedLockOptions): LockEventSubject {
+    return { name, key: this.options.keyPrefix + name, kind: holdKindOf(options), label: options.label };
   }
 
   /**

@@ -52,6 +52,7 @@ export class HeldLocks implements HoldKeeper {
   /** Start keeping a lock just taken in Redis: renewed, or watched until its fixed lease ends. */
   add(lock: HeldLock): void {
     this.held.add(lock);
+    this.events.heldChanged(1);
     this.watchdog.start(lock);
   }
 
@@ -260,7 +261,7 @@ export class HeldLocks implements HoldKeeper {
   /** Leave the `held` state: stop the watchdog and forget the lock. */
   private settle(lock: HeldLock, state: HeldLock['state']): void {
     this.watchdog.stop(lock);
-    this.held.delete(lock);
+    if (this.held.delete(lock)) this.events.heldChanged(-1);
     lock.state = state;
   }
 }

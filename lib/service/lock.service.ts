@@ -187,6 +187,11 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     return this.held.finish(handle, release);
   }
 
+  /** @internal Follow how many locks this application holds (the `dislock.locks.held` metric). */
+  onHeldChange(listener: (delta: number) => void): () => void {
+    return this.events.onHeldChange(listener);
+  }
+
   /**
    * @internal Report every lock `name` held by this application lost now, as a renewal finding
    * another owner would (see DisLockTesting.loseLock); how many there were.

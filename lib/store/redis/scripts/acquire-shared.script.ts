@@ -29,8 +29,8 @@ import { LuaScript } from './lua-script';
  * (its field is dropped by the next script that looks), without freeing anyone else's.
  *
  * A waiter whose line was granted an exclusive hold (see GRANT_LUA) takes the grant up, as a
- * shared hold. A waiter that takes a hold from the head of the line leaves it; if others wait
- * behind it and a hold is still free, it announces so (`message:::`): the next one looks.
+ * shared hold. A waiter that takes a hold leaves the line; if others wait behind it and a hold is
+ * still free, it announces so (`message:::`): the next one looks at once.
  *
  * Changing the bound for a name that has holders is defined by each attempt: it is taken while
  * fewer holds than the attempt's own bound are live, so a lower bound admits nobody new until
@@ -88,10 +88,12 @@ redis.call('hset', key, owner, ends)
 if ends > latest then redis.call('pexpire', key, lease) end
 if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then
   redis.call('zrem', deadlines, waiter)
-  if (limit == 0 or live + 1 < limit) and redis.call('exists', line) == 1 then
-    local message, sharded = ARGV[6] .. ':::', ARGV[5]
-    ${PUBLISH_LUA('message')}
-  end
+end
+-- A waiter that took a hold (from the head of the line, or by taking up a grant, which had
+-- already taken it out of the line) leaves room behind it: the next in line looks at once.
+if waiter ~= '' and (limit == 0 or live + 1 < limit) and redis.call('exists', line) == 1 then
+  local message, sharded = ARGV[6] .. ':::', ARGV[5]
+  ${PUBLISH_LUA('message')}
 end
 return {1, token}
 `,

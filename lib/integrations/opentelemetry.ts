@@ -1,0 +1,165 @@
+import { Inject, Injectable, Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
+import type * as OpenTelemetry from '@opentelemetry/api';
+import { describeError } from '../core/describe-error';
+import type { LockEvent, LockEventSubject } from '../events/lock-events';
+import { DISLOCK_RESOLVED_OPTIONS } from '../module/dislock.internal-constants';
+import type { ResolvedModuleOptions } from '../module/dislock.options';
+import { LockService } from '../service/lock.service';
+
+type Api = typeof OpenTelemetry;
+
+/** The instrumentation scope every meter and tracer of the library is named after. */
+export const INSTRUMENTATION_SCOPE = 'nestjs-dislock';
+
+/** `@opentelemetry/api` when the application has it installed (an optional peer), else undefined. */
+function loadApi(): Api | undefined {
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-require-imports -- an optional peer: absent means no telemetry
+    return require('@opentelemetry/api') as Api;
+  } catch {
+    return undefined;
+  }
+}
+
+/** A span around one locked method: active while it runs, ended with its outcome. */
+export interface MethodSpan {
+  run<T>(fn: () => T): T;
+  end(error?: unknown): void;
+}
+
+/**
+ * OpenTelemetry for the locks of one application, through `@opentelemetry/api` when it is
+ * installed (the SDK the application registers decides where it goes; without one every call is
+ * a no-op), nothing at all when it is not, or with `telemetry: false`. Built on the lock events:
+ *
+ * Metrics (meter `nestjs-dislock`):
+ * - `dislock.acquire.duration` (histogram, s): each acquisition's whole time, by `dislock.outcome`
+ *   (`acquired` | `busy`);
+ * - `dislock.wait.duration` (histogram, s): the same, for acquisitions that had to wait;
+ * - `dislock.acquisitions` (counter): by `dislock.outcome`;
+ * - `dislock.locks.held` (up-down counter): locks held now, by every application of the process;
+ * - `dislock.renewals` (counter): by `dislock.outcome` (`renewed` | `failed`);
+ * - `dislock.renewal.lag` (histogram, s): how late each renewal went out;
+ * - `dislock.losses` (counter): by `dislock.lost.reason`.
+ * Every one carries `dislock.lock` (the lock's label: a `@DisLock` key template, never the
+ * resolved name unless `telemetry: { lockNames: true }`) and `dislock.lock.kind`.
+ *
+ * Spans (tracer `nestjs-dislock`): `dislock.acquire` for each acquisition (its start, end and
+ * outcome; an error status when busy), and `dislock.locked <Class.method>` around each
+ * `@DisLock` method, active while it runs so that its own spans are children of it.
+ */
+@Injectable()
+export class DisLockTelemetry implements OnModuleInit, OnApplicationShutdown {
+  private readonly api: Api | undefined;
+  private readonly stops: (() => void)[] = [];
+  private tracer: OpenTelemetry.Tracer | undefined;
+  private readonly logger = new Logger('DisLock');
+
+  constructor(
+    @Inject(DISLOCK_RESOLVED_OPTIONS) private readonly options: ResolvedModuleOptions,
+    private readonly locks: LockService,
+  ) {
+    this.api = options.telemetry.enabled ? loadApi() : undefined;
+  }
+
+  onModuleInit(): void {
+    const api = this.api;
+    if (!api) return;
+    try {
+      this.instrument(api);
+    } catch (error) {
+      // A broken SDK must not stop the application; locking works without telemetry.
+      this.logger.warn(`OpenTelemetry instrumentation is off: ${describeError(error)}`);
+    }
+  }
+
+  /** After the locks were given up at shutdown (their losses and the held count are recorded). */
+  onApplicationShutdown(): void {
+    for (const stop of this.stops.splice(0)) stop();
+  }
+
+  /** A span for one run of a locked method, or undefined without tracing. */
+  startMethod(method: string, subject: LockEventSubject): MethodSpan | undefined {
+    const api = this.api;
+    const tracer = this.tracer;
+    if (!api || !tracer) return undefined;
+    const span = tracer.startSpan(`dislock.locked ${method}`, {
+      attributes: { ...this.attributes(subject), 'code.function': method },
+    });
+    const active = api.trace.setSpan(api.context.active(), span);
+    return {
+      run: (fn) => api.context.with(active, fn),
+      end: (error) => {
+        if (error !== undefined) {
+          span.recordException(error instanceof Error ? error : new Error(describeError(error)));
+          span.setStatus({ code: api.SpanStatusCode.ERROR, message: describeError(error) });
+        }
+        span.end();
+      },
+    };
+  }
+
+  private instrument(api: Api): void {
+    const meter = api.metrics.getMeter(INSTRUMENTATION_SCOPE);
+    const tracer = api.trace.getTracer(INSTRUMENTATION_SCOPE);
+    this.tracer = tracer;
+    const seconds = { unit: 's' };
+    const acquireDuration = meter.createHistogram('dislock.acquire.duration', {
+      ...seconds,
+      description: 'Time to take a lock (or to give up on a busy one)',
+    });
+    const waitDuration = meter.createHistogram('dislock.wait.duration', {
+      ...seconds,
+      description: 'Time to take a lock that had to be waited for (or to give up)',
+    });
+    const acquisitions = meter.createCounter('dislock.acquisitions', { description: 'Acquisitions by outcome' });
+    const renewals = meter.createCounter('dislock.renewals', { description: 'Watchdog renewals by outcome' });
+    const renewalLag = meter.createHistogram('dislock.renewal.lag', {
+      ...seconds,
+      description: 'How late each renewal went out after it was due',
+    });
+    const losses = meter.createCounter('dislock.losses', { description: 'Locks lost while held, by reason' });
+    // An up-down counter rather than a gauge: the applications of one process add up, never overwrite each other.
+    const held = meter.createUpDownCounter('dislock.locks.held', { description: 'Locks held (kept) now' });
+    this.stops.push(this.locks.onHeldChange((delta) => held.add(delta)));
+
+    const acquisition = (event: LockEvent<'acquired'> | LockEvent<'busy'>): void => {
+      if (event.type === 'acquired' && event.reentrant) return;
+      const outcome = event.type === 'acquired' ? 'acquired' : 'busy';
+      const attributes = { ...this.attributes(event), 'dislock.outcome': outcome };
+      acquireDuration.record(event.waitedMs / 1_000, attributes);
+      if (event.waited) waitDuration.record(event.waitedMs / 1_000, attributes);
+      acquisitions.add(1, attributes);
+      const span = tracer.startSpan('dislock.acquire', {
+        startTime: event.at - event.waitedMs,
+        attributes: {
+          ...attributes,
+          'dislock.waited': event.waited,
+          ...(event.type === 'acquired' && { 'dislock.fencing_token': event.fencingToken }),
+        },
+      });
+      if (event.type === 'busy') span.setStatus({ code: api.SpanStatusCode.ERROR, message: 'lock busy' });
+      span.end(event.at);
+    };
+    this.stops.push(
+      this.locks.on('acquired', acquisition),
+      this.locks.on('busy', acquisition),
+      this.locks.on('renewed', (event) => {
+        const attributes = this.attributes(event);
+        renewals.add(1, { ...attributes, 'dislock.outcome': 'renewed' });
+        renewalLag.record(event.lagMs / 1_000, attributes);
+      }),
+      this.locks.on('renewal-failed', (event) => {
+        renewals.add(1, { ...this.attributes(event), 'dislock.outcome': 'failed' });
+      }),
+      this.locks.on('lost', (event) => {
+        losses.add(1, { ...this.attributes(event), 'dislock.lost.reason': event.reason });
+      }),
+    );
+  }
+
+  private attributes(subject: LockEventSubject): OpenTelemetry.Attributes {
+    const lock = this.options.telemetry.lockNames ? subject.name : (subject.label ?? '(no label)');
+    return { 'dislock.lock': lock, 'dislock.lock.kind': subject.kind };
+  }
+}
