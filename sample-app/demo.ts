@@ -186,6 +186,131 @@ async function inventoryDemo(a: Instance, b: Instance): Promise<void> {
   if (!exact) throw new Error('the stock count is wrong');
 }
 
+async function transferDemo(a: Instance, b: Instance): Promise<void> {
+  title(
+    'Transfers: @DisLock({ key: ["sku:{0}", "sku:{1}"], waitTime: 5000 }), a multi-lock on the reservations\' locks',
+  );
+  await call(a, 'PUT', '/inventory/bolts', { stock: 20 });
+  await call(b, 'PUT', '/inventory/nuts', { stock: 20 });
+  const requests: [Instance, string, unknown][] = [];
+  for (let i = 0; i < 8; i += 1) {
+    requests.push([a, '/inventory/transfer', { from: 'bolts', to: 'nuts', units: 2 }]);
+    requests.push([b, '/inventory/transfer', { from: 'nuts', to: 'bolts', units: 3 }]);
+    if (i < 5) {
+      requests.push([i % 2 === 0 ? a : b, '/inventory/bolts/reserve', undefined]);
+      requests.push([i % 2 === 0 ? b : a, '/inventory/nuts/reserve', undefined]);
+    }
+  }
+  const answers = await Promise.all(requests.map(([instance, path, body]) => call(instance, 'POST', path, body)));
+  const ok = (part: string): number =>
+    answers.filter((answer, i) => answer.status === 200 && requests[i][1].includes(part)).length;
+  console.log(
+    `  at once: 8 x bolts -> nuts (2 units) via A, 8 x nuts -> bolts (3 units) via B, 5 reservations of each SKU via both`,
+  );
+  console.log(
+    `  done: ${ok('transfer')} transfers, ${ok('reserve')} reservations, ` +
+      `refused: ${answers.filter((answer) => answer.status !== 200).length} (opposite directions, no deadlock)`,
+  );
+  const [bolts, nuts] = await Promise.all(
+    ['bolts', 'nuts'].map(async (sku) => (await call(a, 'GET', `/inventory/${sku}`)).body.stock),
+  );
+  const exact = Number(bolts) + Number(nuts) === 40 - ok('reserve');
+  console.log(
+    `  stock now: bolts ${String(bolts)}, nuts ${String(nuts)}: ${String(bolts)} + ${String(nuts)} = 40 - ${ok('reserve')} reserved: ${exact ? 'exact' : 'WRONG'}`,
+  );
+  if (!exact) throw new Error('the stock count is wrong after the transfers');
+  const short = await call(b, 'POST', '/inventory/transfer', { from: 'bolts', to: 'nuts', units: 1_000 });
+  console.log(`  bolts -> nuts, 1000 units: ${short.status} ${String(short.body.message)}`);
+  const bad = await call(a, 'POST', '/inventory/transfer', { from: 'bolts', to: 'bolts', units: 0 });
+  console.log(`  bolts -> bolts, 0 units: ${bad.status} ${(bad.body.message as string[]).join('; ')}`);
+}
+
+async function pricesDemo(a: Instance, b: Instance, redis: Redis, keyPrefix: string): Promise<void> {
+  title('Price list: @DisLock({ key: "prices:{0}", mode: "read" }) on reads, mode "write" on changes');
+  const catalog = { bolt: 120, nut: 35, screw: 60, washer: 8 };
+  await call(a, 'PUT', '/prices/catalog', { prices: catalog });
+  const key = `${keyPrefix}lock:prices:catalog`;
+  let watching = true;
+  let mostReaders = 0;
+  const watcher = (async () => {
+    while (watching) {
+      mostReaders = Math.max(mostReaders, await redis.hlen(key));
+      await sleep(5);
+    }
+  })();
+  const started = performance.now();
+  const reads = await Promise.all([a, b, a, b, a, b].map((instance) => call(instance, 'GET', '/prices/catalog')));
+  const elapsed = Math.round(performance.now() - started);
+  watching = false;
+  await watcher;
+  console.log(
+    `  6 reads at once via A and B: ${reads.filter((r) => r.status === 200).length} x 200 in ${elapsed} ms ` +
+      `(one read takes ~200 ms); readers in the lock's hash at once (HLEN): up to ${mostReaders}`,
+  );
+
+  // A repricing (+10 %, one key at a time) via B, with reads going on via both instances.
+  const states = new Map<number, Record<string, number>>([[1, catalog]]);
+  let repricing = true;
+  const seen: Answer[] = [];
+  const reader = async (instance: Instance): Promise<void> => {
+    while (repricing) seen.push(await call(instance, 'GET', '/prices/catalog'));
+  };
+  const readers = Promise.all([reader(a), reader(b), reader(a), reader(b)]);
+  await sleep(100);
+  const reprice = await call(b, 'POST', '/prices/catalog/reprice', { percent: 10 });
+  repricing = false;
+  await readers;
+  states.set(Number(reprice.body.revision), reprice.body.prices as Record<string, number>);
+  const torn = seen.filter(
+    (r) => JSON.stringify(r.body.prices) !== JSON.stringify(states.get(Number(r.body.revision))),
+  );
+  const count = (revision: number): number => seen.filter((r) => r.body.revision === revision).length;
+  console.log(
+    `  repricing +10 % via B: revision ${String(reprice.body.revision)}, ${JSON.stringify(reprice.body.prices)}`,
+  );
+  console.log(
+    `  reads meanwhile: ${seen.length} (revision 1: ${count(1)}, revision 2: ${count(2)}), ` +
+      `half-done: ${torn.length}: each read saw one revision whole`,
+  );
+  if (torn.length > 0) throw new Error('a read saw a repricing half-done');
+}
+
+async function exportsDemo(a: Instance, b: Instance, redis: Redis, keyPrefix: string): Promise<void> {
+  title('Report exports: @DisLock({ key: "exports", permits: 2 }), a semaphore');
+  const key = `${keyPrefix}lock:exports`;
+  const requests: [Instance, string][] = [
+    [a, 'q1'],
+    [b, 'q2'],
+    [a, 'q3'],
+  ];
+  const pending = requests.map(([instance, name]) => call(instance, 'POST', `/reports/${name}/export`));
+  await waitFor('two permits', async () => (await redis.hlen(key)) === 2, 5_000);
+  const held = Object.values(await redis.hgetall(key)).map((end) => `${Number(end) - Date.now()} ms`);
+  const answers = await Promise.all(pending);
+  table([
+    ['#', 'via', 'request', 'status', 'answer'],
+    ...answers.map((answer, i) => [
+      String(i + 1),
+      answer.via,
+      `POST /reports/${requests[i][1]}/export`,
+      String(answer.status),
+      answer.status === 200
+        ? `${String(answer.body.file)} by ${String(answer.body.exportedBy)} in ${String(answer.body.durationMs)} ms`
+        : String(answer.body.message),
+    ]),
+  ]);
+  console.log(
+    `  Redis held 2 permits, one field each, leases ending in ${held.join(' and ')}; the exports ran twice ` +
+      'as long as that lease: the watchdog renewed each permit',
+  );
+  const refused = answers.findIndex((answer) => answer.status === 409);
+  if (refused >= 0) {
+    const [instance, name] = requests[refused];
+    const retried = await call(instance, 'POST', `/reports/${name}/export`);
+    console.log(`  #${refused + 1} retried once the permits were back: ${retried.status}`);
+  }
+}
+
 /** The digest job (`@Cron` every second on both instances): who ran each of the last seconds. */
 async function digestDemo(redis: Redis, keyPrefix: string): Promise<void> {
   title('Digest job: @Cron every second on both instances, @DisLock onBusy skip + lockAtLeastFor');
@@ -278,6 +403,9 @@ async function main(): Promise<void> {
     console.log(`Instances: A on ${a.url}, B on ${b.url}`);
     await ordersDemo(a, b);
     await inventoryDemo(a, b);
+    await transferDemo(a, b);
+    await pricesDemo(a, b, redis, keyPrefix);
+    await exportsDemo(a, b, redis, keyPrefix);
     await reportDemo(a, b, redis, keyPrefix);
     await digestDemo(redis, keyPrefix);
 

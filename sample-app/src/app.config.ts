@@ -16,8 +16,18 @@ export interface AppConfig {
   /** Steps of the report job, and the length of each (ms). By default it runs 3x the lease. */
   readonly reportSteps: number;
   readonly reportStepMs: number;
-  /** Time (ms) between reading a stock counter and writing it back: the window of a lost update. */
+  /**
+   * Time (ms) between reading stock counters and writing them back, in a reservation or a
+   * transfer: the window of a lost update.
+   */
   readonly reserveWorkMs: number;
+  /**
+   * Time (ms) to read or write one price of a price list: stands in for a database round trip, and
+   * makes a repricing last long enough that a reader could catch it half-done without the lock.
+   */
+  readonly priceStepMs: number;
+  /** How long a report export takes (ms). By default longer than the lease: the watchdog renews each permit. */
+  readonly exportWorkMs: number;
 }
 
 /** What `AppModule.forRoot` takes: everything but the Redis URL and the instance name is optional. */
@@ -38,5 +48,7 @@ export function resolveConfig(input: AppConfigInput): AppConfig {
     reportSteps,
     reportStepMs: input.reportStepMs ?? Math.ceil((3 * lockWatchdogTimeout) / reportSteps),
     reserveWorkMs: input.reserveWorkMs ?? 20,
+    priceStepMs: input.priceStepMs ?? 50,
+    exportWorkMs: input.exportWorkMs ?? 2 * lockWatchdogTimeout,
   };
 }

@@ -7,9 +7,12 @@ import { InventoryController } from './inventory/inventory.controller';
 import { InventoryService } from './inventory/inventory.service';
 import { OrdersController } from './orders/orders.controller';
 import { OrdersService } from './orders/orders.service';
+import { PriceListController } from './prices/price-list.controller';
+import { PriceListService } from './prices/price-list.service';
 import { RedisService } from './redis.service';
 import { ReportArchive } from './reports/report-archive';
 import { ReportController } from './reports/report.controller';
+import { ReportExportService } from './reports/report-export.service';
 import { ReportService } from './reports/report.service';
 
 @Module({})
@@ -23,20 +26,22 @@ export class AppModule {
         DisLockModule.forRoot({
           redis: config.redisUrl,
           keyPrefix: `${config.keyPrefix}lock:`,
-          // Lease of every lock that sets no `expire` of its own (here: reports and inventory).
+          // Lease of every lock that sets no `expire` of its own (here: all but orders and the digest).
           lockWatchdogTimeout: config.lockWatchdogTimeout,
         }),
         // Runs DigestJob's @Cron on every instance; its lock lets one of them do it per tick.
         ScheduleModule.forRoot(),
       ],
-      controllers: [OrdersController, ReportController, InventoryController],
+      controllers: [OrdersController, ReportController, InventoryController, PriceListController],
       providers: [
         { provide: APP_CONFIG, useValue: config },
         RedisService,
         OrdersService,
         ReportService,
         ReportArchive,
+        ReportExportService,
         InventoryService,
+        PriceListService,
         DigestJob,
       ],
     };

@@ -1,6 +1,6 @@
-import { ConflictException, Inject, Injectable } from '@nestjs/common';
+import { BadRequestException, ConflictException, Inject, Injectable } from '@nestjs/common';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { LockService } from 'nestjs-dislock';
+import { DisLock, type LockHandle, LockService } from 'nestjs-dislock';
 import { APP_CONFIG, type AppConfig } from '../app.config';
 import { RedisService } from '../redis.service';
 
@@ -14,6 +14,14 @@ export interface Reservation {
   /** Units left after this reservation. */
   readonly left: number;
   readonly reservedBy: string;
+}
+
+export interface Transfer {
+  readonly units: number;
+  /** Both stock levels right after the transfer. */
+  readonly from: StockLevel;
+  readonly to: StockLevel;
+  readonly movedBy: string;
 }
 
 /**
@@ -65,6 +73,44 @@ export class InventoryService {
       },
       QUEUE_FOR_LOCK,
     );
+  }
+
+  /**
+   * Moves `units` from one SKU to another: two counters read, checked and written back, so both
+   * locks are needed for the whole of it. An array `key` takes `sku:<from>` and `sku:<to>` all or
+   * nothing, always in the same (sorted) order: a transfer widget -> gadget and one gadget -> widget
+   * running at once never deadlock, each holding one lock and waiting for the other. They are the
+   * very locks `reserve` and `restock` take, so a transfer also excludes reservations of either SKU
+   * on every instance. It queues for them like a reservation does (409 past 5 s).
+   */
+  @DisLock({ key: ['sku:{0}', 'sku:{1}'], ...QUEUE_FOR_LOCK })
+  async transfer(from: string, to: string, units: number): Promise<Transfer> {
+    // One name, one lock, two writes to the same counter: the second would undo the first.
+    if (from === to) throw new BadRequestException('from and to must be different SKUs');
+    const [fromKey, toKey] = [this.stockKey(from), this.stockKey(to)];
+    const [fromStock, toStock] = (await this.redis.client.mget(fromKey, toKey)).map((value) => Number(value ?? 0));
+    if (fromStock < units) throw new ConflictException(`${from} has ${fromStock} units, cannot move ${units}`);
+    await sleep(this.config.reserveWorkMs); // e.g. asking the warehouse system between the read and the write
+    // Never write on a lock that is no longer ours. Inside a locked method, `current(name)` is the
+    // part of the multi-lock with that name; each part has its own signal.
+    for (const sku of [from, to]) this.heldLock(`sku:${sku}`).signal.throwIfAborted();
+    await this.redis.client
+      .multi()
+      .set(fromKey, fromStock - units)
+      .set(toKey, toStock + units)
+      .exec();
+    return {
+      units,
+      from: { sku: from, stock: fromStock - units },
+      to: { sku: to, stock: toStock + units },
+      movedBy: this.config.instance,
+    };
+  }
+
+  private heldLock(name: string): LockHandle {
+    const lock = this.locks.current(name);
+    if (!lock) throw new Error(`unreachable: the running call chain holds "${name}"`);
+    return lock;
   }
 
   private stockKey(sku: string): string {

@@ -1,4 +1,5 @@
 import { Controller, HttpCode, HttpStatus, Param, Post } from '@nestjs/common';
+import { ParseNamePipe } from '../names';
 import { type Payment, OrdersService } from './orders.service';
 
 @Controller('orders')
@@ -8,7 +9,7 @@ export class OrdersController {
   /** 200 with who paid; 409 while the same order is being paid (by this instance or another one). */
   @Post(':id/pay')
   @HttpCode(HttpStatus.OK)
-  pay(@Param('id') id: string): Promise<Payment> {
+  pay(@Param('id', ParseNamePipe) id: string): Promise<Payment> {
     return this.orders.pay(id);
   }
 }
