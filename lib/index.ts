@@ -7,6 +7,7 @@ export type {
   LockableMethodCheck,
 } from './decorator/lockable-method';
 export { LockService } from './service/lock.service';
+export type { LockHolder, LockInspection } from './service/inspection';
 export { DisLockExceptionFilter } from './decorator/dislock-exception.filter';
 export type { LockHandle } from './core/lock-handle';
 export type { LockSetHandle } from './core/lock-set';

@@ -4,7 +4,7 @@ import type { Redis } from 'ioredis';
 import type { LockHandle } from 'nestjs-dislock';
 import { fenceKeyFor, lineKeysFor } from '../lib/store/redis/fence-key';
 import { GRANT_MS, PLACE_MS, RedisLockStore } from '../lib/store/redis/redis-lock.store';
-import type { AcquireResult, RenewOutcome, RenewRequest } from '../lib/store/lock-store.interface';
+import type { AcquireOptions, AcquireResult, RenewOutcome, RenewRequest } from '../lib/store/lock-store.interface';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
 import { LEAVE_SCRIPT } from '../lib/store/redis/scripts/leave.script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
@@ -295,12 +295,12 @@ describe('grants: a release hands the lock to the head of its line', () => {
         key: string,
         owner: string,
         leaseMs: number,
-        waiter?: string,
+        options?: AcquireOptions,
       ) {
-        const attempt: Attempt = { key, waiter, settledAt: Infinity, result: undefined };
+        const attempt: Attempt = { key, waiter: options?.waiter, settledAt: Infinity, result: undefined };
         attempts.push(attempt);
         try {
-          attempt.result = await originalAcquire.call(this, key, owner, leaseMs, waiter);
+          attempt.result = await originalAcquire.call(this, key, owner, leaseMs, options);
           return attempt.result;
         } finally {
           attempt.settledAt = performance.now();

@@ -325,6 +325,28 @@ describe.each([redisStore, memoryStore, clusterStore, redlockStore].map((make) =
       expect(overlaps).toBe(0);
     });
 
+    it('inspect names the holder; forceUnlock frees it, and the holder learns at its next renewal', async () => {
+      const name = fresh();
+      const held = await a.lock(name, { lockWatchdogTimeout: 400, label: 'conformance' });
+      const seen = await b.inspect(name);
+      expect(seen.held).toBe(true);
+      expect(seen.holders).toHaveLength(1);
+      expect(seen.holders[0]).toMatchObject({
+        owner: held.owner,
+        kind: 'exclusive',
+        label: 'conformance',
+        pid: process.pid,
+        mine: false,
+      });
+      // Redlock's token is the largest of its quorum's; each node records its own.
+      if (store.fair) expect(seen.holders[0].fencingToken).toBe(held.fencingToken);
+      expect((await a.inspect(name)).holders[0]).toMatchObject({ mine: true, holds: 1 });
+      const removed = await b.forceUnlock(name);
+      expect(removed.map((holder) => holder.owner)).toEqual([held.owner]);
+      expect((await b.inspect(name)).held).toBe(false);
+      expect(lostReason(await abortReason(held.signal, 1_500))).toBe('not-owner');
+    });
+
     it('shutdown releases what an application holds: the other gets it at once', async () => {
       const name = fresh();
       const app = await start();

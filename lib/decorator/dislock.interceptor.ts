@@ -68,7 +68,14 @@ export class DisLockInterceptor {
    */
   async run(spec: LockedMethodSpec, invoke: () => unknown, args: readonly unknown[]): Promise<unknown> {
     const name = spec.resolveKey(args); // throws KeyResolutionError before Redis is touched
-    const handle = await this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, spec.onBusy);
+    const handle = await this.locks.acquireFor(
+      name,
+      spec.options,
+      !spec.releaseOnFinish,
+      spec.onBusy,
+      undefined,
+      spec.method,
+    );
     if (!handle) return undefined; // busy, and `onBusy: 'skip'`
     const span = this.startSpan(spec, handle);
     let failure: unknown;
@@ -119,7 +126,7 @@ export class DisLockInterceptor {
       }
       const cancel = new AbortController();
       let settled = false;
-      this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, spec.onBusy, cancel.signal).then(
+      this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, spec.onBusy, cancel.signal, spec.method).then(
         (handle) => {
           settled = true;
           if (!handle) {

@@ -19,7 +19,7 @@ export class RedisUnavailableError extends DisLockError {
   readonly expose = false;
 
   constructor(
-    /** The operation that failed: `acquire`, `renew` or `release`. */
+    /** The operation that failed: `acquire`, `renew`, `release` or `inspect`. */
     readonly operation: string,
     /** The lock name (without the key prefix). */
     readonly lockName: string,

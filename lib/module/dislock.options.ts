@@ -175,6 +175,11 @@ export interface DisLockModuleOptions {
    * (mind the cardinality). Default: on when the API is installed.
    */
   telemetry?: boolean | { lockNames?: boolean };
+  /**
+   * This application's name, recorded with every lock it takes (with the host and pid) so that
+   * `inspect` says who holds a lock. Default: none.
+   */
+  appName?: string;
 }
 
 /** Module options after defaults are applied and values validated. */
@@ -191,6 +196,7 @@ export interface ResolvedModuleOptions {
   readonly operationTimeout: number;
   readonly onLockLost: LockLostHandler | undefined;
   readonly telemetry: { readonly enabled: boolean; readonly lockNames: boolean };
+  readonly appName: string | undefined;
 }
 
 /** Timing of one acquisition, every default applied. `expire === -1` means the watchdog renews. */
@@ -209,6 +215,21 @@ export interface ResolvedLockOptions {
   readonly permits: number;
   /** See `PerLockOptions.label`. */
   readonly label: string | undefined;
+  /** What took the lock, for `inspect`: `Class.method` of a `@DisLock` method. */
+  readonly caller?: string;
+}
+
+/** Longest a holder's description is kept in the store: a week. */
+const MAX_DESCRIBED_MS = 7 * 24 * 3_600_000;
+
+/**
+ * How long a hold with these options can last at most (its description is kept that long): a
+ * fixed `expire`, or every renewal's lease; capped at a week (also without `maxRenewTimes`).
+ */
+export function holdLimitOf(options: ResolvedLockOptions): number {
+  if (options.expire > 0) return options.expire;
+  const leases = options.maxRenewTimes > 0 ? options.maxRenewTimes + 1 : Infinity;
+  return Math.min(MAX_DESCRIBED_MS, options.lockWatchdogTimeout * leases);
 }
 
 /** How an acquisition with these options holds its lock. */
@@ -236,7 +257,7 @@ export const DEFAULT_MODULE_OPTIONS = {
   operationTimeout: 5_000,
 } as const satisfies Omit<
   ResolvedModuleOptions,
-  'redis' | 'redlock' | 'replicas' | 'onLockLost' | 'store' | 'telemetry'
+  'redis' | 'redlock' | 'replicas' | 'onLockLost' | 'store' | 'telemetry' | 'appName'
 >;
 
 export const DEFAULT_REDLOCK_DRIFT_FACTOR = 0.01;

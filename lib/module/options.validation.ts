@@ -42,6 +42,7 @@ const MODULE_FIELDS: ReadonlySet<string> = new Set([
   'operationTimeout',
   'onLockLost',
   'telemetry',
+  'appName',
 ]);
 
 /** A URL-like string with its user and password masked, so that an error never quotes a password. */
@@ -223,6 +224,14 @@ function isRedisConnection(value: unknown): value is DisLockModuleOptions['redis
   return proto === Object.prototype || proto === null;
 }
 
+function checkAppName(where: string, value: unknown): string | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== 'string' || value === '' || value.length > MAX_LABEL_LENGTH) {
+    fail(where, 'appName', value, `a non-empty string of at most ${MAX_LABEL_LENGTH} characters`);
+  }
+  return value;
+}
+
 function checkTelemetry(where: string, value: unknown): ResolvedModuleOptions['telemetry'] {
   if (value === undefined || typeof value === 'boolean') return { enabled: value ?? true, lockNames: false };
   const input = checkObject(`${where} telemetry`, value, new Set(['lockNames']));
@@ -376,6 +385,7 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
     operationTimeout,
     onLockLost: timing.onLockLost,
     telemetry: checkTelemetry(where, input.telemetry),
+    appName: checkAppName(where, input.appName),
   };
 }
 

@@ -4,7 +4,14 @@ import { LockSet } from '../core/lock-set';
 import { OwnerIds } from '../core/owner-ids';
 import { InvalidLockOptionsError, LockUpgradeError } from '../errors';
 import type { LockEvents, LockEventSubject } from '../events/lock-events';
-import { holdKindOf, type ResolvedLockOptions, type ResolvedModuleOptions, shareOf } from '../module/dislock.options';
+import { hostname } from 'node:os';
+import {
+  holdKindOf,
+  holdLimitOf,
+  type ResolvedLockOptions,
+  type ResolvedModuleOptions,
+  shareOf,
+} from '../module/dislock.options';
 import type { Grant, LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
@@ -23,6 +30,8 @@ function leaseOf(options: ResolvedLockOptions): number {
  */
 export class Acquisition implements Attempter {
   private readonly ownerIds = new OwnerIds();
+  /** The part of every holder's description that never changes: where this application runs. */
+  private readonly identity: string;
 
   constructor(
     private readonly options: ResolvedModuleOptions,
@@ -32,7 +41,16 @@ export class Acquisition implements Attempter {
     private readonly line: WaitLine,
     private readonly gate: ShutdownGate,
     private readonly events: LockEvents,
-  ) {}
+  ) {
+    const identity = JSON.stringify({ host: hostname(), pid: process.pid, app: options.appName });
+    this.identity = identity.slice(1, -1);
+  }
+
+  /** The holder's description for `inspect` (JSON): where it runs, and what took the lock. */
+  private describe(options: ResolvedLockOptions): string {
+    if (options.label === undefined && options.caller === undefined) return `{${this.identity}}`;
+    return `{${this.identity},${JSON.stringify({ label: options.label, caller: options.caller }).slice(1)}`;
+  }
 
   /**
    * Resolves `null` when the lock is still busy after `waitTime` or `cancel` aborted the wait;
@@ -216,7 +234,12 @@ export class Acquisition implements Attempter {
     const sentAt = now();
     let result;
     try {
-      result = await this.store.acquire(key, owner, lease, seat?.id, shareOf(options));
+      result = await this.store.acquire(key, owner, lease, {
+        waiter: seat?.id,
+        share: shareOf(options),
+        describe: this.describe(options),
+        describeForMs: holdLimitOf(options),
+      });
     } catch (error) {
       throw redisFailed('acquire', name, error);
     }

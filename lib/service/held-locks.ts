@@ -56,6 +56,12 @@ export class HeldLocks implements HoldKeeper {
     this.watchdog.start(lock);
   }
 
+  /** How many holds this application has of `owner`'s lock `key`; undefined when it holds none. */
+  holdsOf(key: string, owner: string): number | undefined {
+    for (const lock of this.held) if (lock.key === key && lock.owner === owner) return lock.holds;
+    return undefined;
+  }
+
   /** Report every lock of `key` held here lost now (for tests: see DisLockTesting); how many there were. */
   loseKey(key: string, detail: string): number {
     const locks = [...this.held].filter((lock) => lock.key === key);

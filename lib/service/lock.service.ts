@@ -15,7 +15,9 @@ import { LockScope } from '../core/lock-scope';
 import { type LockEventListener, LockEvents, type LockEventType } from '../events/lock-events';
 import type { LockStore } from '../store/lock-store.interface';
 import { resolveLockOptions, validateLockOptions } from '../module/options.validation';
+import { describeHolder, holderOf, inspectionOf, type LockHolder, type LockInspection } from './inspection';
 import { checkLockNames, describeNames } from './lock-names';
+import { redisFailed } from './redis-failed';
 import { Acquisition } from './acquisition';
 import { HeldLocks } from './held-locks';
 import { LossReporter } from './loss-reporter';
@@ -142,6 +144,43 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     if (!this.current(name)) throw new LockNotHeldError(name);
   }
 
+  /**
+   * Who holds the lock `name` now, for an operator: every holder with its remaining lease, fencing
+   * token and what its acquisition recorded (host, pid, `appName`, label, `@DisLock` method, since
+   * when), and this application's hold count for its own; and how many processes wait. Reads only.
+   */
+  async inspect(name: string): Promise<LockInspection> {
+    const lockName = checkLockNames('LockService.inspect', name, undefined) as string;
+    const key = this.options.keyPrefix + lockName;
+    let stored;
+    try {
+      stored = await this.store.inspect(key);
+    } catch (error) {
+      throw redisFailed('inspect', lockName, error);
+    }
+    return inspectionOf(lockName, key, stored, (owner) => this.held.holdsOf(key, owner));
+  }
+
+  /**
+   * Free the lock `name` whoever holds it, for an operator facing a stuck lock. Logged, with each
+   * holder removed. Each holder finds out at its next renewal (its `signal` aborts, `not-owner`);
+   * one with a fixed `expire` only when its lease ends or it releases. The holders removed.
+   */
+  async forceUnlock(name: string): Promise<LockHolder[]> {
+    const lockName = checkLockNames('LockService.forceUnlock', name, undefined) as string;
+    const key = this.options.keyPrefix + lockName;
+    let removed;
+    try {
+      removed = await this.store.forceUnlock(key);
+    } catch (error) {
+      throw redisFailed('release', lockName, error);
+    }
+    const holders = removed.map((hold) => holderOf(hold, this.held.holdsOf(key, hold.owner)));
+    const who = holders.length === 0 ? 'it was free' : `removed ${holders.map(describeHolder).join('; ')}`;
+    this.logger.warn(`Lock "${lockName}" force-unlocked: ${who}`);
+    return holders;
+  }
+
   // ---- used by the interceptor -------------------------------------------------------------
 
   /**
@@ -154,8 +193,9 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     keepOnShutdown: boolean,
     onBusy: 'throw' | 'skip',
     cancel?: AbortSignal,
+    caller?: string,
   ): Promise<Held | null> {
-    const resolved = resolveLockOptions(this.options, options);
+    const resolved = { ...resolveLockOptions(this.options, options), caller };
     const names = typeof name === 'string' ? name : checkLockNames('LockService', name, options);
     const handle = await this.take(names, resolved, keepOnShutdown, cancel);
     if (handle) return handle;

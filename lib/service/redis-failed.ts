@@ -7,7 +7,11 @@ import { StoreTimeoutError } from '../store/redis/store-timeout.error';
  * filter sends it as the body), so it says only what failed: the store's own error, which can name
  * the server's address or the connection error, stays in `cause`, for logs.
  */
-export function redisFailed(operation: 'acquire' | 'release', name: string, error: unknown): RedisUnavailableError {
+export function redisFailed(
+  operation: 'acquire' | 'release' | 'inspect',
+  name: string,
+  error: unknown,
+): RedisUnavailableError {
   // Redlock's own typed error already says this (without connection detail) and names each node.
   if (error instanceof RedlockQuorumError) return error;
   if (error instanceof ReplicaShortfallError) {

@@ -67,6 +67,43 @@ export type AcquireResult =
    */
   | { readonly acquired: false; readonly ttl: number; readonly lastToken?: number };
 
+/** What an acquisition asks of the store besides the key, owner and lease. */
+export interface AcquireOptions {
+  /** The waiting line's id, for a caller that waits (see `LockStore.lineRefreshMs`). */
+  readonly waiter?: string;
+  /**
+   * A shared hold (a reader, a semaphore's permit), taken while fewer than `share` shared holds
+   * (0: any number) and no exclusive one have the key; unset: an exclusive hold.
+   */
+  readonly share?: number;
+  /** A description of the holder (JSON), kept with the hold for `inspect`, for `describeForMs` at least. */
+  readonly describe?: string;
+  readonly describeForMs?: number;
+}
+
+/** One hold of a lock, as `inspect` finds it in the store. */
+export interface StoredHold {
+  readonly owner: string;
+  /** A plain lock or a writer; otherwise a reader or a permit. */
+  readonly exclusive: boolean;
+  /** ms left of its lease (-1: no expiry). */
+  readonly ttl: number;
+  /** Handed to the head of the line by a release, and not taken up yet. */
+  readonly granted: boolean;
+  /** What its acquisition recorded: when (epoch ms), its fencing token, and the holder's description. */
+  readonly recorded?: { readonly since: number; readonly fencingToken?: number; readonly description: string };
+}
+
+/** A lock as `inspect` finds it in the store. */
+export interface StoredLock {
+  /** Whether anyone holds it. */
+  readonly held: boolean;
+  /** The holds, exclusive or shared. */
+  readonly holds: readonly StoredHold[];
+  /** Processes with a place in its line of waiters. */
+  readonly waiting: number;
+}
+
 /** Whether an owner still holds its lock, and the key's remaining lease in ms (-2: no key). */
 export interface CheckResult {
   readonly held: boolean;
@@ -113,7 +150,7 @@ export interface LockStore {
    * outcome cannot be known (no answer in time), the store gives the hold back by itself as soon as
    * it can, so that a lock nobody was told about never outlives the call by more than that.
    *
-   * With `share` set, the hold is shared (a reader of a read-write lock, a permit of a semaphore):
+   * With `options.share` set, the hold is shared (a reader of a read-write lock, a permit of a semaphore):
    * taken while no exclusive hold has `key` and fewer than `share` shared holds (0: any number)
    * do, each with a lease of its own; a shared holder that died stops counting when its lease
    * ends. Without it the hold is exclusive (a mutex, a writer): taken only when nobody holds
@@ -121,7 +158,16 @@ export interface LockStore {
    * leaves the others in place. Refused (`ttl`): the holder's remaining lease, or with shared
    * holds in the way the time until the first of their leases ends.
    */
-  acquire(key: string, owner: string, leaseMs: number, waiter?: string, share?: number): Promise<AcquireResult>;
+  acquire(key: string, owner: string, leaseMs: number, options?: AcquireOptions): Promise<AcquireResult>;
+  /**
+   * What the store holds for `key`, for an operator (`LockService.inspect`). Read only.
+   */
+  inspect(key: string): Promise<StoredLock>;
+  /**
+   * Drop every hold of `key`, whoever holds it (`LockService.forceUnlock`); the lock goes to the
+   * next waiter as after a release, and each holder finds out at its next renewal. The holds removed.
+   */
+  forceUnlock(key: string): Promise<StoredHold[]>;
   /**
    * With a `waiter` id, acquire is fair: a caller that must wait takes a place in the lock's line
    * (kept by its attempts, at least every `lineRefreshMs`; it lapses by itself otherwise), a free

@@ -1,5 +1,6 @@
 import { wakeOrTimeout } from '../../core/wake-or-timeout';
 import type {
+  AcquireOptions,
   AcquireResult,
   CheckResult,
   Grant,
@@ -9,6 +10,8 @@ import type {
   ReleaseWatch,
   RenewOutcome,
   RenewRequest,
+  StoredHold,
+  StoredLock,
 } from '../lock-store.interface';
 // The same names as the Redis store refuses, so that a name a test accepts also works in production.
 import { FENCE_MARKER, LINE_MARKER } from '../redis/fence-key';
@@ -23,6 +26,8 @@ const now = (): number => performance.now();
 interface Hold {
   readonly exclusive: boolean;
   endsAt: number;
+  /** What the acquisition recorded, for `inspect`. */
+  readonly recorded?: StoredHold['recorded'];
 }
 
 /** A waiter's place in a lock's line. */
@@ -138,7 +143,8 @@ export class MemoryLockStore implements LockStore {
 
   // ---- LockStore ------------------------------------------------------------------------------
 
-  private acquireNow(key: string, owner: string, leaseMs: number, waiter?: string, share?: number): AcquireResult {
+  private acquireNow(key: string, owner: string, leaseMs: number, options: AcquireOptions): AcquireResult {
+    const { waiter, share } = options;
     const at = now();
     const entry = this.entry(key);
     this.prune(entry, at);
@@ -162,12 +168,16 @@ export class MemoryLockStore implements LockStore {
     // wait for the lease it was refused with ends now).
     if (head && head.id !== waiter) return busy(-3);
     if (head) entry.line.shift();
-    entry.holds.set(owner, { exclusive: share === undefined, endsAt: at + leaseMs });
+    const token = (this.lastToken += 1);
+    const recorded = options.describe
+      ? { since: Date.now(), fencingToken: token, description: options.describe }
+      : undefined;
+    entry.holds.set(owner, { exclusive: share === undefined, endsAt: at + leaseMs, recorded });
     // Room left for the next in line (shared holds): let it look.
     if (share !== undefined && entry.line.length > 0 && (share === 0 || holds.length + 1 < share)) {
       this.announce(entry);
     }
-    return { acquired: true, token: (this.lastToken += 1) };
+    return { acquired: true, token };
   }
 
   private leaveNow(key: string, waiter: string): void {
@@ -222,8 +232,27 @@ export class MemoryLockStore implements LockStore {
     return watch;
   }
 
-  acquire(key: string, owner: string, leaseMs: number, waiter?: string, share?: number): Promise<AcquireResult> {
-    return Promise.resolve(this.acquireNow(key, owner, leaseMs, waiter, share));
+  acquire(key: string, owner: string, leaseMs: number, options: AcquireOptions = {}): Promise<AcquireResult> {
+    return Promise.resolve(this.acquireNow(key, owner, leaseMs, options));
+  }
+
+  inspect(key: string): Promise<StoredLock> {
+    const entry = this.entries.get(key);
+    if (!entry) return Promise.resolve({ held: false, holds: [], waiting: 0 });
+    const at = now();
+    this.prune(entry, at);
+    const holds = [...entry.holds].map(([owner, hold]) => this.stored(owner, hold, at));
+    return Promise.resolve({ held: holds.length > 0, holds, waiting: entry.line.length });
+  }
+
+  forceUnlock(key: string): Promise<StoredHold[]> {
+    const entry = this.entries.get(key);
+    if (!entry) return Promise.resolve([]);
+    const at = now();
+    this.prune(entry, at);
+    const removed = [...entry.holds].map(([owner, hold]) => this.stored(owner, hold, at));
+    this.free(key);
+    return Promise.resolve(removed);
   }
 
   leave(key: string, waiter: string): Promise<void> {
@@ -258,6 +287,16 @@ export class MemoryLockStore implements LockStore {
     let entry = this.entries.get(key);
     if (!entry) this.entries.set(key, (entry = { holds: new Map(), line: [], watches: new Set(), refusals: 0 }));
     return entry;
+  }
+
+  private stored(owner: string, hold: Hold, at: number): StoredHold {
+    return {
+      owner,
+      exclusive: hold.exclusive,
+      ttl: hold.endsAt === Infinity ? -1 : Math.max(0, Math.ceil(hold.endsAt - at)),
+      granted: false,
+      recorded: hold.recorded,
+    };
   }
 
   /** Drop the holds whose lease has ended and the places that have lapsed. */

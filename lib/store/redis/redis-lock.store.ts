@@ -10,8 +10,11 @@ import { CHECK_SCRIPT } from './scripts/check.script';
 import { LEAVE_SCRIPT } from './scripts/leave.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
 import { RENEW_SCRIPT } from './scripts/renew.script';
-import { FENCE_MARKER, fenceKeyFor, keySlot, LINE_MARKER, lineKeysFor, slotTag } from './fence-key';
+import { FENCE_MARKER, fenceKeyFor, infoKeyFor, keySlot, LINE_MARKER, lineKeysFor, slotTag } from './fence-key';
+import { FORCE_UNLOCK_SCRIPT } from './scripts/force-unlock.script';
+import { INSPECT_SCRIPT } from './scripts/inspect.script';
 import type {
+  AcquireOptions,
   AcquireResult,
   CheckResult,
   LockStore,
@@ -20,6 +23,8 @@ import type {
   ReleaseWatch,
   RenewOutcome,
   RenewRequest,
+  StoredHold,
+  StoredLock,
 } from '../lock-store.interface';
 import { clientKeyPrefix, closeRedis, isClusterClient, type RedisClient, scrubCredentials } from './redis-client';
 import { ReleaseEchoes } from './release-echoes';
@@ -47,6 +52,24 @@ export const GRANT_MS = 250;
 
 /** Most locks renewed by one script call: keeps each call to about a millisecond of Redis time. */
 const MAX_RENEW_BATCH = 500;
+
+/** A flat HGETALL reply as a map. */
+function pairs(flat: readonly string[]): Map<string, string> {
+  const map = new Map<string, string>();
+  for (let i = 0; i + 1 < flat.length; i += 2) map.set(flat[i], flat[i + 1]);
+  return map;
+}
+
+/** An info hash entry (`<since>|<token>|<description>`) as `StoredHold.recorded`. */
+function parseRecord(entry: string | undefined): StoredHold['recorded'] {
+  if (!entry) return undefined;
+  const [since, token, ...rest] = entry.split('|');
+  return {
+    since: Number(since),
+    ...(token !== '' && token !== undefined && { fencingToken: Number(token) }),
+    description: rest.join('|'),
+  };
+}
 
 const asError = (error: unknown): Error => (error instanceof Error ? error : new Error(describeError(error)));
 
@@ -127,11 +150,22 @@ export class RedisLockStore implements LockStore {
     }
   }
 
-  async acquire(key: string, owner: string, leaseMs: number, waiter?: string, share?: number): Promise<AcquireResult> {
+  async acquire(key: string, owner: string, leaseMs: number, options: AcquireOptions = {}): Promise<AcquireResult> {
+    const { waiter, share, describe } = options;
     const pending = (share === undefined ? ACQUIRE_SCRIPT : ACQUIRE_SHARED_SCRIPT).run(
       this.client,
       this.lineScriptKeys(key),
-      [owner, leaseMs, waiter ?? '', PLACE_MS, this.sharded, this.lineNotice, share ?? GRANT_MS],
+      [
+        owner,
+        leaseMs,
+        waiter ?? '',
+        PLACE_MS,
+        this.sharded,
+        this.lineNotice,
+        share ?? GRANT_MS,
+        describe ?? '',
+        Math.max(leaseMs, PLACE_MS, options.describeForMs ?? 0),
+      ],
     );
     let reply: unknown;
     try {
@@ -219,6 +253,49 @@ export class RedisLockStore implements LockStore {
     await this.run(LEAVE_SCRIPT, this.lineScriptKeys(key), [waiter, this.echoes.expect(false), this.sharded, GRANT_MS]);
   }
 
+  async inspect(key: string): Promise<StoredLock> {
+    const slotKey = this.clientPrefix + key;
+    const [line] = lineKeysFor(this.keyPrefix, slotKey, key);
+    const [type, pttl, fields, described, waiting, serverMs] = (await this.run(
+      INSPECT_SCRIPT,
+      [key, infoKeyFor(this.keyPrefix, slotKey, key), line],
+      [],
+    )) as [string, number, string[], string[], number, string];
+    const descriptions = pairs(described);
+    const now = Number(serverMs);
+    const holds = [...pairs(fields)].map(([owner, value]): StoredHold => {
+      const ends = Number(value);
+      const exclusive = ends <= 1;
+      const waiter = /^([^:]+):/.exec(owner)?.[1];
+      return {
+        owner,
+        exclusive,
+        ttl: exclusive ? pttl : ends - now,
+        granted: value === '0',
+        recorded: parseRecord(descriptions.get(owner) ?? (waiter === undefined ? undefined : descriptions.get(waiter))),
+      };
+    });
+    const live = holds.filter((hold) => hold.exclusive || hold.ttl > 0);
+    return { held: type !== 'none' && (type !== 'hash' || live.length > 0), holds: live, waiting };
+  }
+
+  async forceUnlock(key: string): Promise<StoredHold[]> {
+    const [line, deadlines] = lineKeysFor(this.keyPrefix, this.clientPrefix + key, key);
+    const [fields, described] = (await this.run(
+      FORCE_UNLOCK_SCRIPT,
+      [key, fenceKeyFor(this.keyPrefix, this.clientPrefix + key), line, deadlines, this.infoKey(key)],
+      [this.echoes.expect(false), this.sharded, GRANT_MS],
+    )) as [string[], string[]];
+    this.releases.wakeLocal(key);
+    return [...pairs(fields)].map(([owner, value], i) => ({
+      owner,
+      exclusive: Number(value) <= 1,
+      ttl: 0,
+      granted: value === '0',
+      recorded: parseRecord(described[i] || undefined),
+    }));
+  }
+
   verify(): Promise<void> {
     return checkRedisAccess(this.client, this.keyPrefix, this.operationTimeout);
   }
@@ -236,10 +313,22 @@ export class RedisLockStore implements LockStore {
     if (this.owned) await closeRedis(this.client, this.operationTimeout);
   }
 
-  /** The lock key, its slot's fencing counter and its line's two keys, for the scripts that hand a lock on. */
+  /**
+   * The lock key, its slot's fencing counter, its line's two keys and its info hash, for the
+   * scripts that take, hand on or give up a lock.
+   */
   private lineScriptKeys(key: string): string[] {
     const slotKey = this.clientPrefix + key;
-    return [key, fenceKeyFor(this.keyPrefix, slotKey), ...lineKeysFor(this.keyPrefix, slotKey, key)];
+    return [
+      key,
+      fenceKeyFor(this.keyPrefix, slotKey),
+      ...lineKeysFor(this.keyPrefix, slotKey, key),
+      infoKeyFor(this.keyPrefix, slotKey, key),
+    ];
+  }
+
+  private infoKey(key: string): string {
+    return infoKeyFor(this.keyPrefix, this.clientPrefix + key, key);
   }
 
   /**

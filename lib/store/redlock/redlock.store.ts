@@ -2,6 +2,7 @@ import type { Logger } from '@nestjs/common';
 import { type RedlockNodeFailure, RedlockQuorumError } from '../../errors';
 import type { RedlockOptions, ResolvedModuleOptions } from '../../module/dislock.options';
 import type {
+  AcquireOptions,
   AcquireResult,
   CheckResult,
   LockStore,
@@ -9,6 +10,8 @@ import type {
   ReleaseWatch,
   RenewOutcome,
   RenewRequest,
+  StoredHold,
+  StoredLock,
 } from '../lock-store.interface';
 import { FENCE_MARKER, LINE_MARKER } from '../redis/fence-key';
 import { QuorumWatch } from './quorum-watch';
@@ -99,11 +102,17 @@ export class RedlockStore implements LockStore {
    */
   readonly boundsShares = false;
 
-  async acquire(key: string, owner: string, leaseMs: number, _waiter?: string, share?: number): Promise<AcquireResult> {
+  async acquire(key: string, owner: string, leaseMs: number, options: AcquireOptions = {}): Promise<AcquireResult> {
+    // No line: every node is asked as a newcomer.
+    const nodeOptions: AcquireOptions = {
+      share: options.share,
+      describe: options.describe,
+      describeForMs: options.describeForMs,
+    };
     const startedAt = now();
     const drift = leaseMs * this.driftFactor + 2;
     const sent = this.nodes.map((node) =>
-      node.down ? undefined : node.store.acquire(key, owner, leaseMs, undefined, share),
+      node.down ? undefined : node.store.acquire(key, owner, leaseMs, nodeOptions),
     );
     const flight: InFlight = { givenUp: false, unanswered: 0 };
     sent.forEach((pending, i) => {
@@ -236,6 +245,39 @@ export class RedlockStore implements LockStore {
   readonly lineRefreshMs = Infinity;
   /** Each node is a Redis store, with its own keys beside the locks. */
   readonly reservedPrefixes = [FENCE_MARKER, LINE_MARKER];
+
+  /**
+   * The holds a majority of the nodes report (a hold on fewer is not a Redlock hold), each with the
+   * shortest lease left among them; rejects when too few nodes answer.
+   */
+  async inspect(key: string): Promise<StoredLock> {
+    const settled = await Promise.allSettled(this.nodes.map((node) => node.ask(() => node.store.inspect(key))));
+    const answers = settled.flatMap((result) => (result.status === 'fulfilled' ? [result.value] : []));
+    if (answers.length < this.quorum) {
+      const failures = settled.flatMap((result, i) =>
+        result.status === 'rejected' ? [{ node: this.nodes[i].label, error: result.reason as unknown }] : [],
+      );
+      throw this.quorumError('acquire', key, failures);
+    }
+    const seen = new Map<string, StoredHold[]>();
+    for (const answer of answers) {
+      for (const hold of answer.holds) seen.set(hold.owner, [...(seen.get(hold.owner) ?? []), hold]);
+    }
+    const holds = [...seen.values()]
+      .filter((copies) => copies.length >= this.quorum)
+      .map((copies) => ({ ...copies[0], ttl: Math.min(...copies.map((copy) => copy.ttl)) }));
+    return { held: holds.length > 0, holds, waiting: 0 };
+  }
+
+  /** Every node drops every hold of `key`; the holds any node had. */
+  async forceUnlock(key: string): Promise<StoredHold[]> {
+    const settled = await Promise.allSettled(this.nodes.map((node) => node.ask(() => node.store.forceUnlock(key))));
+    const removed = new Map<string, StoredHold>();
+    for (const result of settled) {
+      if (result.status === 'fulfilled') for (const hold of result.value) removed.set(hold.owner, hold);
+    }
+    return [...removed.values()];
+  }
 
   async leave(): Promise<void> {
     // No line, no place to give up.

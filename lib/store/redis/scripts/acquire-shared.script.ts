@@ -1,4 +1,11 @@
-import { DROP_LAPSED_LUA, PUBLISH_LUA, RAISE_UNLESS_WRONGTYPE_LUA, NEXT_TOKEN_LUA, TAKE_PLACE_LUA } from './line.lua';
+import {
+  DROP_LAPSED_LUA,
+  NEXT_TOKEN_LUA,
+  PUBLISH_LUA,
+  RAISE_UNLESS_WRONGTYPE_LUA,
+  RECORD_LUA,
+  TAKE_PLACE_LUA,
+} from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -18,6 +25,7 @@ import { LuaScript } from './lua-script';
  * ARGV[6]  the message to announce with (the store's id), see below
  * ARGV[7]  the most shared holds the caller allows at once: a semaphore's permits; 0, no bound
  *          (readers)
+ * KEYS[5]  optional: the lock's info hash, ARGV[8] and ARGV[9] as in acquire.script.ts
  *
  * Returns {1, token} when taken; {0, pttl, last} when an exclusive hold (a writer) has the key, or
  * a key of another type, pttl its remaining lease; {0, ms, last} when ARGV[7] shared holds have
@@ -48,8 +56,12 @@ local lease, limit = tonumber(ARGV[2]), tonumber(ARGV[7])
 local now = redis.call('time')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 ${TAKE_PLACE_LUA}
+${RECORD_LUA(8)}
 local function busy(ttl)
-  if waiter ~= '' then take_place() end
+  if waiter ~= '' then
+    take_place()
+    record(waiter, '')
+  end
   return {0, ttl, tonumber(redis.call('get', fence)) or 0}
 end
 -- pcall: a key of another type answers WRONGTYPE, which means held by someone else
@@ -81,7 +93,10 @@ if not again and not granted then
   end
 end
 if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
-if granted then redis.call('hdel', key, granted) end
+if granted then
+  redis.call('hdel', key, granted)
+  forget(granted)
+end
 ${NEXT_TOKEN_LUA}
 local ends = ms + lease
 redis.call('hset', key, owner, ends)
@@ -89,6 +104,8 @@ if ends > latest then redis.call('pexpire', key, lease) end
 if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then
   redis.call('zrem', deadlines, waiter)
 end
+if waiter ~= '' then forget(waiter) end
+record(owner, string.format('%.0f', token))
 -- A waiter that took a hold (from the head of the line, or by taking up a grant, which had
 -- already taken it out of the line) leaves room behind it: the next in line looks at once.
 if waiter ~= '' and (limit == 0 or live + 1 < limit) and redis.call('exists', line) == 1 then

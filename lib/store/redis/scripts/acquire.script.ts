@@ -1,4 +1,4 @@
-import { DROP_LAPSED_LUA, FIND_GRANT_LUA, GRANT_LUA, NEXT_TOKEN_LUA, TAKE_PLACE_LUA } from './line.lua';
+import { DROP_LAPSED_LUA, FIND_GRANT_LUA, GRANT_LUA, NEXT_TOKEN_LUA, RECORD_LUA, TAKE_PLACE_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -16,6 +16,8 @@ import { LuaScript } from './lua-script';
  * ARGV[5]  '1' on a Cluster: announce with SPUBLISH (see release.script.ts)
  * ARGV[6]  the message to announce a grant with (the store's id), see below
  * ARGV[7]  ms a grant to the head of the line lasts before the head takes it up (line.lua.ts)
+ * KEYS[5]  optional: the lock's info hash (see `infoKeyFor`), ARGV[8] what to record there of the
+ *          holder or waiter (its host, pid, application, caller), ARGV[9] how long to keep it
  *
  * Returns {1, token} when taken, {0, pttl, last} when another owner holds it (pttl -1: the key has
  * no expiry; a key of another type counts as held by someone else), and {0, -3, last} when it is
@@ -47,6 +49,7 @@ local line, deadlines = KEYS[3], KEYS[4]
 local free = redis.call('exists', key) == 0
 local now = redis.call('time')
 ${TAKE_PLACE_LUA}
+${RECORD_LUA(8)}
 -- pcall: a key of another type answers WRONGTYPE, which means held by someone else
 if not free and redis.pcall('hexists', key, owner) ~= 1 then
   if waiter ~= '' then
@@ -55,9 +58,14 @@ if not free and redis.pcall('hexists', key, owner) ~= 1 then
       redis.call('hdel', key, grant_field)
       redis.call('hset', key, owner, 1)
       redis.call('pexpire', key, ARGV[2])
-      return {1, tonumber(string.sub(grant_field, #waiter + 2))}
+      local granted = string.sub(grant_field, #waiter + 2)
+      forget(waiter)
+      forget(grant_field)
+      record(owner, granted)
+      return {1, tonumber(granted)}
     end
     take_place()
+    record(waiter, '')
   end
   return {0, redis.call('pttl', key), tonumber(redis.call('get', fence)) or 0}
 end
@@ -66,7 +74,10 @@ if free and redis.call('exists', line) == 1 then
   ${DROP_LAPSED_LUA}
   local head = redis.call('zrange', line, 0, 0)[1]
   if head and head ~= waiter then
-    if waiter ~= '' then take_place() end
+    if waiter ~= '' then
+      take_place()
+      record(waiter, '')
+    end
     local message, sharded, grant, waiting = ARGV[6], ARGV[5], tonumber(ARGV[7]), true
     ${GRANT_LUA}
     -- the grant's token is the slot's last one now
@@ -82,6 +93,8 @@ if free then
   redis.call('hset', key, owner, 1)
   redis.call('pexpire', key, ARGV[2])
 end
+if waiter ~= '' then forget(waiter) end
+record(owner, string.format('%.0f', token))
 return {1, token}
 `,
 );

@@ -13,6 +13,7 @@ import { LuaScript } from './lua-script';
  * ARGV[2]  the message to announce with (the store's id and a sequence number)
  * ARGV[3]  '1' on a Cluster: SPUBLISH (see release.script.ts)
  * ARGV[4]  ms a grant to the new head lasts before it takes it up (see line.lua.ts)
+ * KEYS[5]  optional: the lock's info hash, where the waiter's description is dropped
  *
  * Returns 1 when the lock was free and an announcement went out, 0 otherwise. Safe to run twice.
  */
@@ -23,10 +24,12 @@ local key, fence, line, deadlines, waiter = KEYS[1], KEYS[2], KEYS[3], KEYS[4], 
 local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
 redis.call('zrem', line, waiter)
 redis.call('zrem', deadlines, waiter)
+if KEYS[5] then redis.call('hdel', KEYS[5], waiter) end
 ${FIND_GRANT_LUA}
 local waiting = redis.call('exists', line) == 1
 if grant_field then
   redis.call('del', key)
+  if KEYS[5] then redis.call('hdel', KEYS[5], grant_field) end
 elseif not waiting or redis.call('exists', key) == 1 then
   return 0
 end

@@ -88,6 +88,14 @@ if first[1] and string.sub(first[1], 1, 1) ~= 's' then
   ${NEXT_TOKEN_LUA}
   granted = string.format('%.0f', token)
   redis.call('hset', key, head .. ':' .. granted, 0)
+  -- The head's description (recorded by its attempts, see RECORD_LUA) now describes the holder.
+  local described = KEYS[5] and redis.call('hget', KEYS[5], head)
+  if described then
+    redis.call('hdel', KEYS[5], head)
+    local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    local info = string.match(described, '^[^|]*|[^|]*|(.*)$') or ''
+    redis.call('hset', KEYS[5], head .. ':' .. granted, string.format('%.0f', ms) .. '|' .. granted .. '|' .. info)
+  end
   redis.call('pexpire', key, grant)
   redis.call('zrem', line, head)
   redis.call('zrem', deadlines, head)
@@ -158,6 +166,26 @@ if live == 0 then
   redis.call('del', key)
 elseif latest ~= math.huge then
   redis.call('pexpire', key, latest - ms)
+end
+`;
+
+/**
+ * Defines `record(who, token)`: describe the holder (or waiter) `who` in the lock's info hash
+ * (KEYS[5], see `infoKeyFor`) as `<since ms>|<token>|<ARGV[infoArg]>`, kept ARGV[infoArg + 1] ms
+ * at least; and `forget(who)`. Both do nothing for a caller that sends no info hash or no info.
+ */
+export const RECORD_LUA = (infoArg: number): string => `
+local function record(who, token)
+  local info = ARGV[${infoArg}]
+  if not KEYS[5] or not info or info == '' then return end
+  local clock = redis.call('time')
+  local since = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  redis.call('hset', KEYS[5], who, string.format('%.0f', since) .. '|' .. token .. '|' .. info)
+  local keep = tonumber(ARGV[${infoArg + 1}])
+  if redis.call('pttl', KEYS[5]) < keep then redis.call('pexpire', KEYS[5], keep) end
+end
+local function forget(who)
+  if KEYS[5] then redis.call('hdel', KEYS[5], who) end
 end
 `;
 

@@ -15,6 +15,7 @@ import { LuaScript } from './lua-script';
  * ARGV[3]  '1' on a Cluster: announce with SPUBLISH, in the key's shard, where its waiters listen;
  *          servers without sharded pub/sub (Redis < 7) fall back to PUBLISH
  * ARGV[4]  ms a grant to the head lasts before the head takes it up (see line.lua.ts)
+ * KEYS[5]  optional: the lock's info hash, where the owner's description is dropped
  *
  * Returns 0 when the caller does not hold the lock (nothing changed), {1, head, second, token}
  * when the key was deleted and the release announced: head and second name the first two
@@ -31,6 +32,8 @@ export const RELEASE_SCRIPT = new LuaScript(
   `
 local key, fence, line, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
+-- The owner's description goes whether or not it still holds (an owner id is never used again).
+if KEYS[5] then redis.call('hdel', KEYS[5], ARGV[1]) end
 -- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here, not a failure
 local held = redis.pcall('hget', key, ARGV[1])
 if type(held) ~= 'string' then
