@@ -9,6 +9,7 @@ export type {
 export { LockService } from './service/lock.service';
 export type { LockHolder, LockInspection } from './service/inspection';
 export { DisLockExceptionFilter } from './decorator/dislock-exception.filter';
+export { DisLockHealthIndicator, type DisLockHealth, type DisLockHealthOptions } from './integrations/health';
 export type { LockHandle } from './core/lock-handle';
 export type { LockSetHandle } from './core/lock-set';
 export type { LockLostEvent, LockLostHandler } from './core/lock-lost.event';

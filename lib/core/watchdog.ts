@@ -17,6 +17,9 @@ const BATCH_WINDOW_MS = 50;
  */
 const MAX_RENEWALS_PER_TICK = 500;
 
+/** Renewal lag is reported for the current and the previous window of this many ms. */
+const LAG_WINDOW_MS = 15_000;
+
 /** What is due next for a lock the watchdog keeps. */
 export type WatchdogDue =
   /** Renew it (a watchdog lock, between renewals). */
@@ -47,6 +50,8 @@ export class Watchdog {
   private readonly schedule = new DueHeap<HeldLock>();
   private timer: NodeJS.Timeout | undefined;
   private timerAt = Infinity;
+  /** The largest lag of a renewal due in the current and the previous window (how late the timer got to it). */
+  private lag = { minute: 0, current: 0, previous: 0 };
 
   constructor(
     private readonly store: LockStore,
@@ -73,6 +78,23 @@ export class Watchdog {
     }
     if (lock.renewing) this.plan(lock, lock.acquiredAt + this.interval(lock), 'renew');
     else this.plan(lock, lock.leaseEndsAt, 'expired');
+  }
+
+  /**
+   * How far behind the watchdog runs, in ms: the largest lag of a renewal due in the last 15 to 30
+   * s, or how overdue its next due work is now (a blocked event loop), whichever is larger.
+   */
+  lagMs(): number {
+    this.rollLag(now());
+    const head = this.schedule.peek();
+    const overdue = head && head.due === 'renew' ? Math.max(0, now() - head.dueAt) : 0;
+    return Math.max(this.lag.current, this.lag.previous, overdue);
+  }
+
+  private rollLag(at: number): void {
+    const minute = Math.floor(at / LAG_WINDOW_MS);
+    if (minute === this.lag.minute) return;
+    this.lag = { minute, current: 0, previous: minute === this.lag.minute + 1 ? this.lag.current : 0 };
   }
 
   /** Stop watching: released, detached, lost or shut down. Idempotent. */
@@ -132,6 +154,8 @@ export class Watchdog {
         if (lock.state !== 'held') continue;
         if (due === 'renew') {
           lock.renewDueAt = lock.dueAt;
+          this.rollLag(at);
+          this.lag.current = Math.max(this.lag.current, at - lock.dueAt);
           batch.push(lock);
         } else if (due) this.leaseEnded(lock, due);
       }

@@ -9,6 +9,7 @@ import {
   type DISLOCK_OPTIONS_TYPE,
 } from './dislock.module-definition';
 import type { RedisConnection, ResolvedModuleOptions } from './dislock.options';
+import { DisLockHealthIndicator } from '../integrations/health';
 import { DisLockTelemetry } from '../integrations/opentelemetry';
 import { LockService } from '../service/lock.service';
 import { resolveModuleOptions } from './options.validation';
@@ -51,9 +52,10 @@ function createStore(options: ResolvedModuleOptions): LockStore {
     LockService,
     DisLockInterceptor,
     DisLockTelemetry,
+    DisLockHealthIndicator,
   ],
   // The store and the options also serve DisLockTestingModule's helper.
-  exports: [LockService, DisLockInterceptor, DISLOCK_STORE, DISLOCK_RESOLVED_OPTIONS],
+  exports: [LockService, DisLockInterceptor, DisLockHealthIndicator, DISLOCK_STORE, DISLOCK_RESOLVED_OPTIONS],
 })
 export class DisLockModule extends DisLockConfigurableModule {
   /** Configure with options known up front; they are validated here, before the app starts. */

@@ -56,6 +56,16 @@ export class HeldLocks implements HoldKeeper {
     this.watchdog.start(lock);
   }
 
+  /** How many locks are held now. */
+  get count(): number {
+    return this.held.size;
+  }
+
+  /** How far behind renewal runs, in ms (see `Watchdog.lagMs`). */
+  renewalLagMs(): number {
+    return this.watchdog.lagMs();
+  }
+
   /** How many holds this application has of `owner`'s lock `key`; undefined when it holds none. */
   holdsOf(key: string, owner: string): number | undefined {
     for (const lock of this.held) if (lock.key === key && lock.owner === owner) return lock.holds;

@@ -13,7 +13,7 @@ import type { Handle, LockHandle } from '../core/lock-handle';
 import { LockSet, type LockSetHandle } from '../core/lock-set';
 import { LockScope } from '../core/lock-scope';
 import { type LockEventListener, LockEvents, type LockEventType } from '../events/lock-events';
-import type { LockStore } from '../store/lock-store.interface';
+import type { LockStore, StoreHealth } from '../store/lock-store.interface';
 import { resolveLockOptions, validateLockOptions } from '../module/options.validation';
 import { describeHolder, holderOf, inspectionOf, type LockHolder, type LockInspection } from './inspection';
 import { checkLockNames, describeNames } from './lock-names';
@@ -230,6 +230,11 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   /** @internal Follow how many locks this application holds (the `dislock.locks.held` metric). */
   onHeldChange(listener: (delta: number) => void): () => void {
     return this.events.onHeldChange(listener);
+  }
+
+  /** @internal What the health indicator reports: the store's answer, renewal lag, locks held. */
+  async health(): Promise<{ store: StoreHealth; renewalLagMs: number; heldLocks: number }> {
+    return { store: await this.store.health(), renewalLagMs: this.held.renewalLagMs(), heldLocks: this.held.count };
   }
 
   /**

@@ -104,6 +104,10 @@ export interface StoredLock {
   readonly waiting: number;
 }
 
+/** What `LockStore.health` finds: the backend answers and runs the lock scripts, or why not. */
+export type StoreHealth =
+  { readonly up: true; readonly latencyMs: number } | { readonly up: false; readonly problem: string };
+
 /** Whether an owner still holds its lock, and the key's remaining lease in ms (-2: no key). */
 export interface CheckResult {
   readonly held: boolean;
@@ -217,6 +221,11 @@ export interface LockStore {
    * not answer is only logged (it may come up later), within `operationTimeout`.
    */
   verify(): Promise<void>;
+  /**
+   * Run one read-only lock script against the backend, within `operationTimeout`, for a health
+   * check: up with its round trip, or down with why (unreachable, scripting refused). Never rejects.
+   */
+  health(): Promise<StoreHealth>;
   /** Close what the store opened itself; a client handed in by the application stays open. */
   close(): Promise<void>;
 }

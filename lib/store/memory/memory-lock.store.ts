@@ -10,6 +10,7 @@ import type {
   ReleaseWatch,
   RenewOutcome,
   RenewRequest,
+  StoreHealth,
   StoredHold,
   StoredLock,
 } from '../lock-store.interface';
@@ -277,6 +278,10 @@ export class MemoryLockStore implements LockStore {
   }
 
   async verify(): Promise<void> {}
+
+  health(): Promise<StoreHealth> {
+    return Promise.resolve({ up: true, latencyMs: 0 });
+  }
 
   /** Nothing to close; the store may be shared by other applications that are still running. */
   async close(): Promise<void> {}

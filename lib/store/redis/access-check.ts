@@ -82,12 +82,12 @@ export function dislockAclRule(keyPrefix: string, options: { cluster?: boolean; 
 }
 
 /** A key prefix as a literal in an ACL glob pattern. */
-function escapeGlob(text: string): string {
+export function escapeGlob(text: string): string {
   return text.replace(/[*?[\]\\]/g, (c) => `\\${c}`);
 }
 
 /** What Redis refused, as one item of `RedisAccessError.denied`, or `undefined` if it was not a refusal. */
-function refusal(error: unknown, key: string, channel: string): string | undefined {
+export function refusal(error: unknown, key: string, channel: string): string | undefined {
   const message = describeError(error);
   if (
     /unknown command '?(eval|evalsha)'?/i.test(message) ||

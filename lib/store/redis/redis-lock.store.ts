@@ -2,7 +2,7 @@ import { AsyncResource } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import type { ChainableCommander, Cluster, Redis } from 'ioredis';
 import { describeError } from '../../core/describe-error';
-import { checkRedisAccess } from './access-check';
+import { checkRedisAccess, refusal } from './access-check';
 import { ACQUIRE_SHARED_SCRIPT } from './scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
 import type { LuaScript } from './scripts/lua-script';
@@ -23,6 +23,7 @@ import type {
   ReleaseWatch,
   RenewOutcome,
   RenewRequest,
+  StoreHealth,
   StoredHold,
   StoredLock,
 } from '../lock-store.interface';
@@ -294,6 +295,19 @@ export class RedisLockStore implements LockStore {
       granted: value === '0',
       recorded: parseRecord(described[i] || undefined),
     }));
+  }
+
+  async health(): Promise<StoreHealth> {
+    const probe = `${this.keyPrefix}#probe:health`;
+    const sentAt = performance.now();
+    try {
+      // EVAL, not EVALSHA: what runs after a restart or SCRIPT FLUSH must work too.
+      await this.bounded(this.client.eval(CHECK_SCRIPT.source, 1, probe, 'health'));
+      return { up: true, latencyMs: performance.now() - sentAt };
+    } catch (error) {
+      const refused = refusal(error, this.clientPrefix + probe, this.clientPrefix + probe);
+      return { up: false, problem: refused ? `Redis refuses ${refused}` : describeError(error) };
+    }
   }
 
   verify(): Promise<void> {

@@ -10,6 +10,7 @@ import type {
   ReleaseWatch,
   RenewOutcome,
   RenewRequest,
+  StoreHealth,
   StoredHold,
   StoredLock,
 } from '../lock-store.interface';
@@ -281,6 +282,18 @@ export class RedlockStore implements LockStore {
 
   async leave(): Promise<void> {
     // No line, no place to give up.
+  }
+
+  /** Up while a majority of the nodes is; the latency is the quorum's (its slowest member's). */
+  async health(): Promise<StoreHealth> {
+    const results = await Promise.all(this.nodes.map((node) => node.store.health()));
+    const up = results.flatMap((result) => (result.up ? [result.latencyMs] : [])).sort((x, y) => x - y);
+    if (up.length >= this.quorum) return { up: true, latencyMs: up[this.quorum - 1] };
+    const problems = results.flatMap((result, i) => (result.up ? [] : [`${this.nodes[i].label}: ${result.problem}`]));
+    return {
+      up: false,
+      problem: `${up.length} of ${this.nodes.length} nodes answer, ${this.quorum} needed (${problems.join('; ')})`,
+    };
   }
 
   /** Every node must allow what the library does: a refusal on any one fails startup (see `checkRedisAccess`). */
