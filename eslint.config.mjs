@@ -38,6 +38,18 @@ export default tseslint.config(
     },
   },
   {
+    // The sample's own unit tests are not in the root tsconfig: the Vitest ones (test/unit) and the
+    // Jest ones (test/jest) each have a tsconfig of their own, with their runner's globals.
+    files: ['sample-app/test/**/*.ts'],
+    languageOptions: {
+      parserOptions: {
+        projectService: false,
+        project: ['./sample-app/test/tsconfig.json', './sample-app/test/jest/tsconfig.json'],
+        tsconfigRootDir: import.meta.dirname,
+      },
+    },
+  },
+  {
     files: ['lib/**/*.ts'],
     rules: { '@typescript-eslint/no-explicit-any': 'error' },
   },

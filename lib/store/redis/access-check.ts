@@ -254,11 +254,13 @@ class AccessCheck {
     // Two more owners wait (places in the line), the first of them with a place that lapses at
     // once; the holder releases (dropping the lapsed place, granting the lock to the head), the
     // second takes the grant up and releases.
+    // The lasting place first: the line's keys then outlive the lapsing one's 1 ms (a place never
+    // shortens them), so that the release has a lapsed place to drop however slow the round trips.
     const waiter = `${this.owner}w`;
-    const lapsing = await acquire(`${this.owner}3`, `${this.owner}v`, 1);
-    expectReply('acquire (waiting)', lapsing[0] === 0, lapsing);
     const busy = await acquire(`${this.owner}2`, waiter);
     expectReply('acquire (waiting)', busy[0] === 0, busy);
+    const lapsing = await acquire(`${this.owner}3`, `${this.owner}v`, 1);
+    expectReply('acquire (waiting)', lapsing[0] === 0, lapsing);
     await new Promise((resolve) => setTimeout(resolve, 5)); // past the first place's 1 ms
     const released = await release(this.owner);
     expectReply('release', Array.isArray(released) && released[0] === 1, released);
