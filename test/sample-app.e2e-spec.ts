@@ -571,6 +571,19 @@ describe('sample app: two instances on one Redis', () => {
     });
   });
 
+  describe('GET /health (the locks health indicator under @nestjs/terminus)', () => {
+    it('is up on both instances, with the locks each holds and its Redis round trip', async () => {
+      for (const app of [a, b]) {
+        const response = await http(app).get('/health').expect(200);
+        expect(response.body).toMatchObject({
+          status: 'ok',
+          info: { locks: { status: 'up', heldLocks: expect.any(Number), renewalLagMs: expect.any(Number) } },
+        });
+        expect(response.body.info.locks.latencyMs).toBeLessThan(1_000);
+      }
+    });
+  });
+
   describe('shutdown', () => {
     it('app.close() releases the locks an instance holds and closes its Redis connection', async () => {
       const c = await boot('C');

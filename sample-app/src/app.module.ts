@@ -1,8 +1,10 @@
 import { type DynamicModule, Module } from '@nestjs/common';
 import { ScheduleModule } from '@nestjs/schedule';
+import { TerminusModule } from '@nestjs/terminus';
 import { DisLockModule } from 'nestjs-dislock';
 import { APP_CONFIG, type AppConfigInput, resolveConfig } from './app.config';
 import { DigestJob } from './digest/digest.job';
+import { HealthController } from './health/health.controller';
 import { InventoryController } from './inventory/inventory.controller';
 import { InventoryService } from './inventory/inventory.service';
 import { OrdersController } from './orders/orders.controller';
@@ -31,8 +33,10 @@ export class AppModule {
         }),
         // Runs DigestJob's @Cron on every instance; its lock lets one of them do it per tick.
         ScheduleModule.forRoot(),
+        // GET /health: the locks' health indicator.
+        TerminusModule.forRoot({ logger: false }),
       ],
-      controllers: [OrdersController, ReportController, InventoryController, PriceListController],
+      controllers: [OrdersController, ReportController, InventoryController, PriceListController, HealthController],
       providers: [
         { provide: APP_CONFIG, useValue: config },
         RedisService,
