@@ -33,6 +33,7 @@ async function onMessage(message: ParentMessage): Promise<void> {
       contended: async () => (await import('./scenarios/contended.js')).setupContended(spec, rank, redis),
       renewal: async () => (await import('./scenarios/renewal.js')).setupRenewal(spec, rank, serverUrl(redis)),
       http: async () => (await import('./scenarios/http.js')).setupHttp(spec, rank, serverUrl(redis)),
+      family: async () => (await import('./scenarios/family.js')).setupFamily(spec, rank, redis),
     };
     run = await scenarios[spec.scenario]();
     await send({ type: 'ready' });

@@ -1,3 +1,4 @@
+import { FAMILY_BASELINE, familyCells } from './scenarios/family';
 import type { CellSpec, ContenderId, Group, Scenario } from './support/protocol';
 
 export interface Timing {
@@ -22,6 +23,7 @@ export const FULL: Profile = {
     renewal: { warmupMs: 0, measureMs: 10_000 },
     // autocannon runs whole seconds.
     http: { warmupMs: 1_000, measureMs: 4_000 },
+    family: { warmupMs: 1_000, measureMs: 3_000 },
   },
 };
 
@@ -33,11 +35,15 @@ export const QUICK: Profile = {
     contended: { warmupMs: 300, measureMs: 1_500 },
     renewal: { warmupMs: 0, measureMs: 3_000 },
     http: { warmupMs: 1_000, measureMs: 2_000 },
+    family: { warmupMs: 300, measureMs: 1_500 },
   },
 };
 
-/** The baseline each cell's ratios are taken against (same group, scenario and parameters). */
-export const BASELINE: Record<Scenario, ContenderId> = {
+/**
+ * The baseline each cell's ratios are taken against (same group, scenario and parameters); the
+ * family group's depends on the case (FAMILY_BASELINE).
+ */
+export const BASELINE: Record<Exclude<Scenario, 'family'>, ContenderId> = {
   uncontended: 'raw',
   contended: 'raw-poll-1ms',
   renewal: 'redis-semaphore',
@@ -134,10 +140,12 @@ export function plan(profile: Profile): CellSpec[] {
       );
     }
   }
+  cells.push(...familyCells(timing.family));
   return cells;
 }
 
 /** The id of the baseline cell for `spec` (itself when it is the baseline). */
 export function baselineId(spec: CellSpec): string {
-  return spec.id.replace(`${spec.group}/${spec.contender}`, `${spec.group}/${BASELINE[spec.scenario]}`);
+  const base = spec.scenario === 'family' ? FAMILY_BASELINE[spec.family ?? 'semaphore'] : BASELINE[spec.scenario];
+  return spec.id.replace(`${spec.group}/${spec.contender}`, `${spec.group}/${base}`);
 }

@@ -81,8 +81,15 @@ async function main(): Promise<void> {
       'heap-profile': { type: 'string' },
       'count-promises': { type: 'boolean', default: false },
       'async-hooks': { type: 'boolean', default: false },
+      // OpenTelemetry: 'default' (the module's default: on, through @opentelemetry/api, which is
+      // installed here, with no SDK registered), 'off' (telemetry: false), 'sdk' (a MeterProvider
+      // and a TracerProvider registered, exporting nowhere).
+      telemetry: { type: 'string', default: 'default' },
+      // A listener on every lock event type, doing nothing.
+      listeners: { type: 'boolean', default: false },
     },
   });
+  if (values.telemetry === 'sdk') await registerSdk();
   if (values['async-hooks']) {
     new AsyncLocalStorage<boolean>().run(true, () => undefined); // on Node 20 the hooks then stay on
   }
@@ -107,7 +114,15 @@ async function main(): Promise<void> {
       await client.evalsha(delSha, 1, key, token);
     };
   } else {
-    const { app, locks, target } = await startDislockApp({ redis: client });
+    const { app, locks, target } = await startDislockApp({
+      redis: client,
+      ...(values.telemetry === 'off' && { telemetry: false }),
+    });
+    if (values.listeners) {
+      for (const type of ['acquired', 'waiting', 'busy', 'renewed', 'renewal-failed', 'lost', 'released'] as const) {
+        locks.on(type, () => undefined);
+      }
+    }
     close = () => app.close();
     let token = 1_700_000_000_000_000;
     // The lock scripts: acquire names 4 keys (the lock, its slot's fencing counter and the two keys
@@ -199,3 +214,16 @@ main().catch((error: unknown) => {
   console.error(error);
   process.exit(1);
 });
+
+/** An OpenTelemetry SDK that records everything and exports nowhere: what the instruments cost with one. */
+async function registerSdk(): Promise<void> {
+  const { metrics, trace } = await import('@opentelemetry/api');
+  const { MeterProvider, MetricReader } = await import('@opentelemetry/sdk-metrics');
+  const { TracerProvider } = await import('@opentelemetry/sdk-trace');
+  class NoExport extends MetricReader {
+    protected async onShutdown(): Promise<void> {}
+    protected async onForceFlush(): Promise<void> {}
+  }
+  metrics.setGlobalMeterProvider(new MeterProvider({ readers: [new NoExport()] }));
+  trace.setGlobalTracerProvider(new TracerProvider());
+}

@@ -305,6 +305,154 @@ export function tables(outcomes: readonly Outcome[]): Table[] {
   if (of('http').length > 0) result.push(httpTable(of('http'), index));
   if (of('uncontended', true).length > 0) result.push(uncontendedTable(of('uncontended', true), index, true));
   if (of('contended', true).length > 0) result.push(contendedTable(of('contended', true), index, true));
+  if (of('family').length > 0) result.push(...familyTables(of('family'), index));
+  return result;
+}
+
+/** The family group's contended cases (semaphore, read-write): one row per cell. */
+function familyTurnsTable(
+  outcomes: readonly Outcome[],
+  index: Map<string, Outcome>,
+  rw: boolean,
+): Pick<Table, 'header' | 'rows'> {
+  const rows = outcomes.map((outcome) => {
+    const m = outcome.median;
+    const base = index.get(baselineId(outcome.spec))?.median;
+    return [
+      outcome.spec.contender + failedNote(outcome),
+      `${outcome.spec.processes}x${outcome.spec.workers}`,
+      String(outcome.spec.holdMs),
+      fmt(m.opsPerSec),
+      spread(outcome, 'opsPerSec'),
+      ratio(m.opsPerSec, base?.opsPerSec),
+      ...(rw
+        ? [fmt(m.readWaitP50Ms), fmt(m.readWaitP99Ms), fmt(m.writeWaitP50Ms), fmt(m.writeWaitP99Ms)]
+        : [fmt(m.waitP50Ms), fmt(m.waitP99Ms), ratio(m.waitP99Ms, base?.waitP99Ms)]),
+      fmt(m.longestWaitMs),
+      fmt(m.jain, 3),
+      fmt(m.maxHolders, 0),
+      fmt(m.meanHolders),
+      fmt(m.redisCallsPerOp, 1),
+      fmt(m.roundTripsPerOp, 1),
+      fmt(m.cpuUsPerOp),
+      fmt(m.failures, 0),
+      fmt(m.violations, 0),
+      fmt(m.errors, 0),
+    ];
+  });
+  const header = [
+    'contender',
+    'layout',
+    'hold',
+    rw ? 'ops/s' : 'acq/s',
+    'spread',
+    rw ? 'x mutex' : 'x sem',
+    ...(rw
+      ? ['read wait p50 ms', 'read wait p99 ms', 'write wait p50 ms', 'write wait p99 ms']
+      : ['acquire p50 ms', 'acquire p99 ms', 'p99 x sem']),
+    'longest wait ms',
+    'Jain',
+    'max holders',
+    'mean holders',
+    'Redis calls/op',
+    'round trips/op',
+    'CPU us/op',
+    'fail',
+    'violations',
+    'errors',
+  ];
+  return { header, rows };
+}
+
+/** The family group's uncontended cases (semaphore, multi-lock), as the uncontended table. */
+function familyCyclesTable(
+  outcomes: readonly Outcome[],
+  index: Map<string, Outcome>,
+  baseLabel: string,
+): Pick<Table, 'header' | 'rows'> {
+  const rows = outcomes.map((outcome) => {
+    const m = outcome.median;
+    const base = index.get(baselineId(outcome.spec))?.median;
+    return [
+      outcome.spec.contender + failedNote(outcome),
+      String(outcome.spec.workers),
+      fmt(m.cyclesPerSec),
+      spread(outcome, 'cyclesPerSec'),
+      ratio(m.cyclesPerSec, base?.cyclesPerSec),
+      fmt(m.p50Us),
+      fmt(m.p99Us),
+      fmt(m.cpuUsPerCycle),
+      ratio(m.cpuUsPerCycle, base?.cpuUsPerCycle),
+      fmt(m.roundTripsPerCycle),
+      fmt(m.redisCallsPerCycle),
+      fmt((m.failures ?? 0) + (m.errors ?? 0), 0),
+    ];
+  });
+  const header = [
+    'contender',
+    'conc',
+    'cycles/s',
+    'spread',
+    `x ${baseLabel}`,
+    'p50 us',
+    'p99 us',
+    'CPU us/cycle',
+    `CPU x ${baseLabel}`,
+    'round trips/cycle',
+    'Redis calls/cycle',
+    'fail',
+  ];
+  return { header, rows };
+}
+
+const FAMILY_OPS_NOTE =
+  'acquire / wait: from wanting the lock to holding it. Jain: fairness of per-worker counts (1 = equal). max holders: most critical sections open at once (over the whole cell, warm-up included); mean holders: critical-section time / window. violations: acquisitions into more holders than the lock allows, from a sweep over every critical section timestamped on the machine-wide clock (each inside its real hold, so an overlap seen is a real one); must be 0. fail: waits that ran out (then retried).';
+
+function familyTables(outcomes: readonly Outcome[], index: Map<string, Outcome>): Table[] {
+  const of = (family: string): Outcome[] => outcomes.filter((outcome) => outcome.spec.family === family);
+  const result: Table[] = [];
+  if (of('semaphore').length > 0) {
+    result.push({
+      title: 'Family, semaphore: permits 4, 16 workers on one name',
+      notes: [
+        'Layout: processes x workers per process; no pause between turns; hold: ms of the critical section (0: none at all, 2: a timer await). Ratios: to redis-semaphore `Semaphore` (limit 4) of the same layout and hold.',
+        'dislock: `lock(name, { permits: 4, expire: 10000, waitTime: 10000 })` then `release()`. redis-semaphore: `new Semaphore(client, key, 4)` per acquisition, defaults (lockTimeout 10 s, acquireTimeout 10 s, retryInterval 10 ms: it polls). max holders: 4 at most.',
+        FAMILY_OPS_NOTE,
+      ],
+      ...familyTurnsTable(of('semaphore'), index, false),
+    });
+  }
+  if (of('semaphore-uncontended').length > 0) {
+    result.push({
+      title: 'Family, semaphore uncontended: acquire + release, permits 4, distinct names',
+      notes: [
+        'One process; `conc` loops at once, each on its own name. Ratios: to redis-semaphore `Semaphore` (limit 4) at the same concurrency.',
+        'Fixed 10 s lease: dislock `lock(name, { permits: 4, expire: 10000 })`; redis-semaphore `lockTimeout: 10000, refreshInterval: 0` (refresh disabled).',
+        'CPU = Node process CPU per cycle; round trips = commands sent by the client; Redis calls = INFO commandstats delta, commands inside Lua scripts included.',
+      ],
+      ...familyCyclesTable(of('semaphore-uncontended'), index, 'sem'),
+    });
+  }
+  if (of('rw').length > 0) {
+    result.push({
+      title: 'Family, read-write: 90% reads, 10% writes, 16 workers on one name',
+      notes: [
+        "Each worker's every 10th turn is a write (staggered over the workers). dislock-rw: `lock(name, { mode: 'read' | 'write', expire: 10000, waitTime: 10000 })`; dislock-mutex (the baseline): `lock(name, { expire: 10000, waitTime: 10000 })` for every turn, read or write. Ratios: to dislock-mutex of the same layout and hold.",
+        'max holders: readers together (dislock-rw); 1 for the mutex. violations: a writer overlapping anyone (dislock-rw), any two overlapping (mutex).',
+        FAMILY_OPS_NOTE,
+      ],
+      ...familyTurnsTable(of('rw'), index, true),
+    });
+  }
+  if (of('multi').length > 0) {
+    result.push({
+      title: 'Family, multi-lock of 2 names, uncontended',
+      notes: [
+        'One process; `conc` loops at once, each on its own pair of names. dislock-multi: `lock([a, b], { expire: 10000 })`, one handle, one `release()`. dislock-two-locks (the baseline): `lock(a)`, `lock(b)`, then release b, release a. Ratios: to dislock-two-locks at the same concurrency.',
+      ],
+      ...familyCyclesTable(of('multi'), index, '2 locks'),
+    });
+  }
   return result;
 }
 
@@ -387,7 +535,7 @@ export function renderSvg(outcomes: readonly Outcome[], meta: Meta): string {
         return {
           label: label(outcome.spec),
           value: base && Number.isFinite(value) ? value / base : NaN,
-          baseline: outcome.spec.contender === BASELINE[outcome.spec.scenario],
+          baseline: baselineId(outcome.spec) === outcome.spec.id,
         };
       });
     if (bars.length > 0) panels.push({ title, bars });
@@ -422,6 +570,9 @@ export function renderSvg(outcomes: readonly Outcome[], meta: Meta): string {
     (s) => `${s.contender} ${s.processes}x${s.workers} think ${s.thinkMs}`,
     'contended',
   );
+  add('family', 'Lock family acquisitions/s, x closest peer', 'opsPerSec', (s) => {
+    return `${s.contender} ${s.id.split('/').slice(2).join(' ')}`;
+  });
 
   const width = 900;
   const labelWidth = 300;

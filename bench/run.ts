@@ -13,6 +13,7 @@ import { parseArgs } from 'node:util';
 import type { Redis } from 'ioredis';
 import { baselineId, FULL, plan, type Profile, QUICK } from './plan';
 import { type ContendedPart, contendedMetrics } from './scenarios/contended';
+import { familyHeadline, familyMetrics, type FamilyPart } from './scenarios/family';
 import { httpMetrics } from './scenarios/http';
 import { type RenewalPart, renewalMetrics } from './scenarios/renewal';
 import { type UncontendedPart, uncontendedMetrics } from './scenarios/uncontended';
@@ -214,6 +215,8 @@ function metricsOf(spec: CellSpec, parts: unknown[]): Metrics {
       return renewalMetrics(parts as RenewalPart[]);
     case 'http':
       return httpMetrics(parts as Metrics[]);
+    case 'family':
+      return familyMetrics(spec, parts as FamilyPart[]);
   }
 }
 
@@ -227,6 +230,8 @@ function headline(spec: CellSpec, m: Metrics): string {
       return `${Math.round(m.roundTripsPerSec)} round trips/s, alive ${m.alive}/${spec.locks}`;
     case 'http':
       return `${Math.round(m.reqPerSec)} req/s, p99 ${m.latencyP99Ms.toFixed(2)} ms`;
+    case 'family':
+      return familyHeadline(spec, m);
   }
 }
 

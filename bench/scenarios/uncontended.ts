@@ -1,4 +1,4 @@
-import { type Body, createLocker } from '../contenders/locker';
+import { type Body, createLocker, type Locker } from '../contenders/locker';
 import { cpuMicros, hr, sleepUntil } from '../support/clock';
 import { spreadKey } from '../support/cluster';
 import {
@@ -35,8 +35,14 @@ export interface UncontendedPart {
 
 const noop: Body = () => Promise.resolve();
 
-export async function setupUncontended(spec: CellSpec, rank: number, target: RedisTarget): Promise<CellRun> {
-  const locker = await createLocker(spec.contender, 'uncontended', target);
+/** `given`: a contender made elsewhere (the family group's); by default, `spec.contender`'s. */
+export async function setupUncontended(
+  spec: CellSpec,
+  rank: number,
+  target: RedisTarget,
+  given?: Locker,
+): Promise<CellRun> {
+  const locker = given ?? (await createLocker(spec.contender, 'uncontended', target));
   const admin = adminClients(target, `bench-admin-${process.pid}`);
   await Promise.all(admin.map((client) => ready(client)));
   return {

@@ -1,15 +1,33 @@
 /** What the orchestrator (run.ts) and each cell's child processes (cell.ts) say to each other. */
 
 /** What a cell's processes do (scenarios/*.ts). */
-export type Scenario = 'uncontended' | 'contended' | 'renewal' | 'http';
+export type Scenario = 'uncontended' | 'contended' | 'renewal' | 'http' | 'family';
 
 /** A block of the matrix (`--only`): one per scenario on the single server, and `cluster`. */
 export type Group = Scenario | 'cluster';
 
-export const GROUPS: readonly Group[] = ['uncontended', 'contended', 'renewal', 'http', 'cluster'];
+export const GROUPS: readonly Group[] = ['uncontended', 'contended', 'renewal', 'http', 'cluster', 'family'];
 
 export type ContenderId =
-  'raw' | 'raw-poll-1ms' | 'dislock-service' | 'dislock-decorator' | 'redlock' | 'redis-semaphore' | 'no-lock';
+  | 'raw'
+  | 'raw-poll-1ms'
+  | 'dislock-service'
+  | 'dislock-decorator'
+  | 'redlock'
+  | 'redis-semaphore'
+  | 'no-lock'
+  // the family group (in it, 'redis-semaphore' is that package's `Semaphore`): contenders/family.ts
+  | 'dislock-semaphore'
+  | 'dislock-rw'
+  | 'dislock-mutex'
+  | 'dislock-multi'
+  | 'dislock-two-locks';
+
+/**
+ * The family group's cases: a semaphore (contended, and uncontended), a read-mostly read-write lock,
+ * a multi-lock of 2 keys (uncontended). See scenarios/family.ts.
+ */
+export type FamilyCase = 'semaphore' | 'semaphore-uncontended' | 'rw' | 'multi';
 
 /** One cell of the matrix: one contender under one set of parameters, run in fresh processes. */
 export interface CellSpec {
@@ -29,6 +47,8 @@ export interface CellSpec {
   readonly thinkMs: number;
   /** renewal: locks held at once. */
   readonly locks: number;
+  /** family: which case of the lock family the cell measures. */
+  readonly family?: FamilyCase;
   readonly warmupMs: number;
   /** The measuring window (renewal: how long the locks are held). */
   readonly measureMs: number;
