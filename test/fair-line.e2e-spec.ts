@@ -18,63 +18,17 @@ import {
   type FairLineWorkerConfig,
   type FairParentMessage,
 } from './support/workers/fair-line-protocol';
+import { WorkerInbox } from './support/workers/worker-inbox';
 import { type WorkerProcess, WorkerSet } from './support/workers/worker-process';
 
 /** Starting workers (node + Nest + ioredis) takes ~0.5-1 s of CPU each; several at once on 2 busy cores, more. */
 const START_TIMEOUT = 20_000;
 const NAME = 'job';
 
-type Of<T extends FairChildMessage['type']> = Extract<FairChildMessage, { type: T }>;
-
 /** One worker process, with a typed inbox of its messages. */
-class Fair {
-  private readonly inbox: FairChildMessage[] = [];
-  private readonly listeners = new Set<() => void>();
-  pid = 0;
-
-  constructor(readonly proc: WorkerProcess) {
-    proc.child.on('message', (message: FairChildMessage) => {
-      this.inbox.push(message);
-      this.notify();
-    });
-    void proc.exited.then(() => this.notify());
-  }
-
-  send(message: FairParentMessage): void {
-    if (this.proc.child.connected) this.proc.child.send(message);
-  }
-
-  /** The next message of `type` (for `id`, when given), taken out of the inbox. */
-  async next<T extends FairChildMessage['type']>(type: T, id?: string, timeoutMs = 10_000): Promise<Of<T>> {
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const failed = this.inbox.find((m) => m.type === 'failed');
-      if (failed) throw this.error(`failed: ${failed.error}`);
-      const index = this.inbox.findIndex((m) => m.type === type && (id === undefined || ('id' in m && m.id === id)));
-      if (index >= 0) return this.inbox.splice(index, 1)[0] as Of<T>;
-      if (!this.proc.alive) throw this.error(`exited before sending '${type}'`);
-      const left = deadline - Date.now();
-      if (left <= 0) throw this.error(`sent no '${type}'${id ? ` for ${id}` : ''} within ${timeoutMs} ms`);
-      await new Promise<void>((resolve) => {
-        const done = (): void => {
-          clearTimeout(timer);
-          this.listeners.delete(done);
-          resolve();
-        };
-        const timer = setTimeout(done, left);
-        this.listeners.add(done);
-      });
-    }
-  }
-
-  /** Forget every message received so far. */
-  clear(): void {
-    this.inbox.length = 0;
-  }
-
-  /** Whether a message of `type` for `id` has arrived (left in the inbox). */
-  has(type: FairChildMessage['type'], id: string): boolean {
-    return this.inbox.some((m) => m.type === type && 'id' in m && m.id === id);
+class Fair extends WorkerInbox<FairChildMessage, FairParentMessage> {
+  constructor(proc: WorkerProcess) {
+    super(proc, 'fair-line worker');
   }
 
   stop(): void {
@@ -83,14 +37,6 @@ class Fair {
 
   resume(): void {
     this.proc.child.kill('SIGCONT');
-  }
-
-  private error(what: string): Error {
-    return new Error(`fair-line worker (pid ${this.proc.pid}) ${what}\n--- its output ---\n${this.proc.recentOutput}`);
-  }
-
-  private notify(): void {
-    for (const listener of [...this.listeners]) listener();
   }
 }
 

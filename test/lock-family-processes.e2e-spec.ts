@@ -25,6 +25,7 @@ import {
   type FamilyWorkerConfig,
   type LoopReport,
 } from './support/workers/family-churn-protocol';
+import { WorkerInbox } from './support/workers/worker-inbox';
 import { type WorkerProcess, WorkerSet } from './support/workers/worker-process';
 
 /** Starting workers (node + Nest + ioredis) takes ~0.5-1 s of CPU each; several at once on 2 busy cores, more. */
@@ -35,66 +36,9 @@ const SEED = Number(process.env.DISLOCK_FAMILY_SEED ?? Math.floor(Math.random() 
 type Of<T extends FamilyChildMessage['type']> = Extract<FamilyChildMessage, { type: T }>;
 
 /** One worker process, with a typed inbox of its messages. */
-class Member {
-  private readonly inbox: FamilyChildMessage[] = [];
-  private readonly listeners = new Set<() => void>();
-  pid = 0;
-
-  constructor(readonly proc: WorkerProcess) {
-    proc.child.on('message', (message: FamilyChildMessage) => {
-      this.inbox.push(message);
-      this.notify();
-    });
-    void proc.exited.then(() => this.notify());
-  }
-
-  get alive(): boolean {
-    return this.proc.alive;
-  }
-
-  send(message: FamilyParentMessage): void {
-    if (this.proc.child.connected) this.proc.child.send(message);
-  }
-
-  /** The next message of `type` (or of any of the types listed), for `id` when given, taken out of the inbox. */
-  async next<T extends FamilyChildMessage['type']>(
-    type: T | readonly T[],
-    id?: string,
-    timeoutMs = 10_000,
-  ): Promise<Of<T>> {
-    const types: readonly string[] = typeof type === 'string' ? [type] : type;
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const failed = this.inbox.find((m) => m.type === 'failed');
-      if (failed) throw this.error(`failed: ${failed.error}`);
-      const index = this.inbox.findIndex(
-        (m) => types.includes(m.type) && (id === undefined || ('id' in m && m.id === id)),
-      );
-      if (index >= 0) return this.inbox.splice(index, 1)[0] as Of<T>;
-      if (!this.proc.alive) throw this.error(`exited before sending '${types.join("' or '")}'`);
-      const left = deadline - Date.now();
-      if (left <= 0) {
-        throw this.error(`sent no '${types.join("' or '")}'${id ? ` for ${id}` : ''} within ${timeoutMs} ms`);
-      }
-      await new Promise<void>((resolve) => {
-        const done = (): void => {
-          clearTimeout(timer);
-          this.listeners.delete(done);
-          resolve();
-        };
-        const timer = setTimeout(done, left);
-        this.listeners.add(done);
-      });
-    }
-  }
-
-  /** Whether a message of `type` for `id` has arrived (left in the inbox). */
-  has(type: FamilyChildMessage['type'], id: string): boolean {
-    return this.inbox.some((m) => m.type === type && 'id' in m && m.id === id);
-  }
-
-  clear(): void {
-    this.inbox.length = 0;
+class Member extends WorkerInbox<FamilyChildMessage, FamilyParentMessage> {
+  constructor(proc: WorkerProcess) {
+    super(proc, 'family worker');
   }
 
   /** Take `lock` and hold it until `release(id)`: the 'held' message. */
@@ -106,14 +50,6 @@ class Member {
   async release(id: string): Promise<Of<'released'>> {
     this.send({ type: 'release', id });
     return this.next('released', id);
-  }
-
-  private error(what: string): Error {
-    return new Error(`family worker (pid ${this.proc.pid}) ${what}\n--- its output ---\n${this.proc.recentOutput}`);
-  }
-
-  private notify(): void {
-    for (const listener of [...this.listeners]) listener();
   }
 }
 

@@ -27,3 +27,34 @@ export function wakeOrTimeout(
     if (settled) cleanup?.();
   });
 }
+
+/**
+ * A sleeper that a wake never misses: `wait` resolves at the next `wake` since the previous
+ * `wait` (at once if one came in between), after `maxWaitMs`, or when `signal` aborts. What a
+ * release watch is made of (the Redis store's and the memory store's).
+ */
+export class Wakeable {
+  private pending = false;
+  private wakeUp: (() => void) | undefined;
+
+  async wait(maxWaitMs: number, signal: AbortSignal): Promise<void> {
+    if (this.pending || signal.aborted) {
+      this.pending = false;
+      return;
+    }
+    await wakeOrTimeout(Math.max(1, maxWaitMs), signal, (wake) => {
+      this.wakeUp = wake;
+      return () => (this.wakeUp = undefined); // a wake from now on is kept as pending
+    });
+  }
+
+  wake(): void {
+    if (this.wakeUp) this.wakeUp();
+    else this.pending = true;
+  }
+
+  /** Wake a `wait` in progress, without keeping a wake for the next one (the watch is closing). */
+  protected wakeWaiting(): void {
+    this.wakeUp?.();
+  }
+}

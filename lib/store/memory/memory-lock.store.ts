@@ -1,4 +1,4 @@
-import { wakeOrTimeout } from '../../core/wake-or-timeout';
+import { Wakeable } from '../../core/wake-or-timeout';
 import type {
   AcquireOptions,
   AcquireResult,
@@ -47,28 +47,12 @@ interface Entry {
   refusals: number;
 }
 
-class MemoryWatch implements ReleaseWatch {
+class MemoryWatch extends Wakeable implements ReleaseWatch {
   readonly listening = true;
   readonly listeningSince = now();
-  private pending = false;
-  private wakeUp: (() => void) | undefined;
 
-  constructor(private readonly onClose: (watch: MemoryWatch) => void) {}
-
-  async wait(maxWaitMs: number, signal: AbortSignal): Promise<void> {
-    if (this.pending || signal.aborted) {
-      this.pending = false;
-      return;
-    }
-    await wakeOrTimeout(Math.max(1, maxWaitMs), signal, (wake) => {
-      this.wakeUp = wake;
-      return () => (this.wakeUp = undefined);
-    });
-  }
-
-  wake(): void {
-    if (this.wakeUp) this.wakeUp();
-    else this.pending = true;
+  constructor(private readonly onClose: (watch: MemoryWatch) => void) {
+    super();
   }
 
   takeGrant(): Grant | undefined {
@@ -76,7 +60,7 @@ class MemoryWatch implements ReleaseWatch {
   }
 
   close(): void {
-    this.wakeUp?.();
+    this.wakeWaiting();
     this.onClose(this);
   }
 }

@@ -1,4 +1,4 @@
-import { wakeOrTimeout } from '../../core/wake-or-timeout';
+import { Wakeable } from '../../core/wake-or-timeout';
 import type { Grant, LinePlace, ReleaseWatch } from '../lock-store.interface';
 import { duplicateClient, isClusterClient, type RedisClient } from './redis-client';
 import {
@@ -29,11 +29,9 @@ interface Announcement {
   readonly token: string;
 }
 
-class Watch implements ReleaseWatch {
+class Watch extends Wakeable implements ReleaseWatch {
   listening = false;
   listeningSince = Infinity;
-  private pending = false;
-  private wakeUp: (() => void) | undefined;
   /** A grant to this watch's line not yet given out (see `takeGrant`). */
   private grant: Grant | undefined;
   /** The look the second waiter of the line takes once the head's grant has passed. */
@@ -45,23 +43,13 @@ class Watch implements ReleaseWatch {
     private readonly place: LinePlace | undefined,
     private readonly grantMs: number,
     private readonly onClose: (watch: Watch) => void,
-  ) {}
-
-  async wait(maxWaitMs: number, signal: AbortSignal): Promise<void> {
-    if (this.pending || signal.aborted) {
-      this.pending = false;
-      return;
-    }
-    await wakeOrTimeout(Math.max(1, maxWaitMs), signal, (wake) => {
-      this.wakeUp = wake;
-      return () => (this.wakeUp = undefined); // a wake from now on is kept as pending
-    });
+  ) {
+    super();
   }
 
-  wake(): void {
+  override wake(): void {
     this.cancelSecondLook();
-    if (this.wakeUp) this.wakeUp();
-    else this.pending = true;
+    super.wake();
   }
 
   takeGrant(): Grant | undefined {
@@ -95,7 +83,7 @@ class Watch implements ReleaseWatch {
 
   close(): void {
     this.cancelSecondLook();
-    this.wakeUp?.();
+    this.wakeWaiting();
     this.onClose(this);
   }
 

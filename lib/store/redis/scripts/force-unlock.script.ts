@@ -1,4 +1,4 @@
-import { DROP_LAPSED_NOW_LUA, GRANT_LUA } from './line.lua';
+import { HAND_ON_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -29,11 +29,7 @@ for i = 1, #removed, 2 do
   described[#described + 1] = redis.call('hget', KEYS[5], owner) or (waiter and redis.call('hget', KEYS[5], waiter)) or ''
   redis.call('hdel', KEYS[5], owner)
 end
-local waiting = redis.call('exists', line) == 1
-if waiting then
-  ${DROP_LAPSED_NOW_LUA}
-end
-${GRANT_LUA}
+${HAND_ON_LUA}
 return {removed, described}
 `,
 );

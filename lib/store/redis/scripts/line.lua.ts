@@ -105,6 +105,18 @@ ${PUBLISH_LUA('announcement')}
 `;
 
 /**
+ * The lock `key` has just been freed: drop the lapsed places of its line, then hand it to the head
+ * (GRANT_LUA), or announce it free. Expects GRANT_LUA's locals but `waiting`, which it sets.
+ */
+export const HAND_ON_LUA = `
+local waiting = redis.call('exists', line) == 1
+if waiting then
+  ${DROP_LAPSED_NOW_LUA}
+end
+${GRANT_LUA}
+`;
+
+/**
  * Whether the lock hash `key` holds a grant to `waiter` that nobody has taken up yet (see
  * GRANT_LUA); sets `grant_field` to its field (`<waiter>:<token>`), or false. Expects `key` and
  * `waiter` as locals.

@@ -1,4 +1,4 @@
-import { DROP_LAPSED_NOW_LUA, GRANT_LUA, PUBLISH_LUA, SERVER_MS_LUA, SETTLE_SHARED_LUA } from './line.lua';
+import { HAND_ON_LUA, PUBLISH_LUA, SERVER_MS_LUA, SETTLE_SHARED_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -52,11 +52,7 @@ if tonumber(held) > 1 then
 else
   redis.call('del', key)
 end
-local waiting = redis.call('exists', line) == 1
-if waiting then
-  ${DROP_LAPSED_NOW_LUA}
-end
-${GRANT_LUA}
+${HAND_ON_LUA}
 return {1, head, second, granted}
 `,
 );
