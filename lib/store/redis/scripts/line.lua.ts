@@ -185,13 +185,13 @@ end
  * Defines `record(who, token)`: describe the holder (or waiter) `who` in the lock's info hash
  * (KEYS[5], see `infoKeyFor`) as `<since ms>|<token>|<ARGV[infoArg]>`, kept ARGV[infoArg + 1] ms
  * at least; and `forget(who)`. Both do nothing for a caller that sends no info hash or no info.
+ * Expects `now` (the script's reply of TIME) as a local.
  */
 export const RECORD_LUA = (infoArg: number): string => `
 local function record(who, token)
   local info = ARGV[${infoArg}]
   if not KEYS[5] or not info or info == '' then return end
-  local clock = redis.call('time')
-  local since = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  local since = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   redis.call('hset', KEYS[5], who, string.format('%.0f', since) .. '|' .. token .. '|' .. info)
   local keep = tonumber(ARGV[${infoArg + 1}])
   if redis.call('pttl', KEYS[5]) < keep then redis.call('pexpire', KEYS[5], keep) end
