@@ -53,6 +53,15 @@ describe('history checker', () => {
       expect(rules([hold({ owner: 'a', start: 0, end: 10, token: 1, lostAt: 6 }), second])).toEqual(['overlap']);
     });
 
+    it('excuses a holder never told only if its event loop stood still until its work ended', () => {
+      // Frozen from before the second got in to the end of its work: the report's timer never ran.
+      const frozen = hold({ owner: 'a', start: 0, end: 40, token: 1 });
+      const second = hold({ owner: 'b', worker: 1, start: 10, end: 50, token: 2 });
+      expect(rules([frozen, second, { kind: 'pause', worker: 0, from: 5, to: 39.9 }])).toEqual([]);
+      expect(rules([frozen, second, { kind: 'pause', worker: 0, from: 5, to: 30 }])).toEqual(['overlap']);
+      expect(rules([frozen, second])).toEqual(['overlap']);
+    });
+
     it('excuses a late report only by as long as the first holder’s event loop stood still', () => {
       const late = hold({ owner: 'a', start: 0, end: 20, token: 1, lostAt: 9 }); // 4 ms after the second got in
       const second = hold({ owner: 'b', worker: 1, start: 5, end: 22, token: 2 });
@@ -116,5 +125,195 @@ describe('history checker', () => {
 
   it('reports an unexpected error of a worker', () => {
     expect(rules([{ kind: 'error', worker: 0, at: 1, error: 'TypeError: boom' }])).toEqual(['error']);
+  });
+
+  describe('the lock family: readers, writers, permits and multi-locks', () => {
+    const reader = (owner: string, start: number, end: number, token: number, more: Partial<HoldRecord> = {}) =>
+      hold({ owner, start, end, token, mode: 'read', op: 'read', ...more });
+    const writer = (owner: string, start: number, end: number, token: number, more: Partial<HoldRecord> = {}) =>
+      hold({ owner, start, end, token, op: 'write', ...more });
+    const permit = (owner: string, start: number, end: number, token: number, more: Partial<HoldRecord> = {}) =>
+      hold({ owner, start, end, token, mode: 'permit', permits: 2, op: 'permit', ...more });
+
+    describe('holders', () => {
+      it('accepts readers together, and a writer before and after them', () => {
+        expect(
+          rules([
+            writer('w1', 0, 10, 1),
+            reader('r1', 11, 30, 2),
+            reader('r2', 12, 25, 3),
+            reader('r3', 20, 40, 4),
+            writer('w2', 41, 50, 5),
+          ]),
+        ).toEqual([]);
+      });
+
+      it('flags a writer in with a reader that was not told, whichever got in first', () => {
+        expect(rules([reader('r', 0, 10, 1), writer('w', 5, 12, 2)])).toEqual(['overlap']);
+        expect(rules([writer('w', 0, 10, 1), reader('r', 5, 12, 2)])).toEqual(['overlap']);
+        // a plain lock and a multi-lock's part are exclusive holds too
+        expect(rules([reader('r', 0, 10, 1), hold({ owner: 'm', start: 5, end: 12, token: 2, op: 'multi' })])).toEqual([
+          'overlap',
+        ]);
+        expect(rules([hold({ owner: 'a', start: 0, end: 10, token: 1 }), permit('p', 5, 12, 2)])).toEqual(['overlap']);
+      });
+
+      it('accepts a writer in once the readers were told, and a hold told before it got in, which never counted', () => {
+        expect(rules([reader('r', 0, 10, 1, { lostAt: 4 }), writer('w', 5, 12, 2)])).toEqual([]);
+        // a multi-lock's part lost while the next part was waited for is handed out already told
+        const part = (lostAt: number): HoldRecord =>
+          hold({ owner: 'm', start: 5, end: 12, token: 2, op: 'multi', calledAt: -5, lostAt });
+        expect(rules([writer('w', 0, 10, 5), part(5)])).toEqual([]);
+        expect(rules([writer('w', 0, 10, 5), part(6)])).toEqual(['overlap', 'fencing']);
+      });
+
+      it('judges each name on its own: a multi-lock is one exclusive hold per part', () => {
+        const parts = [
+          hold({ owner: 'ma', name: 'a', start: 0, end: 10, token: 1, op: 'multi' }),
+          hold({ owner: 'mb', name: 'b', start: 0, end: 10, token: 2, op: 'multi' }),
+        ];
+        expect(rules([...parts, reader('r', 5, 12, 3, { name: 'c' })])).toEqual([]);
+        expect(rules([...parts, reader('r', 5, 12, 3, { name: 'b' })])).toEqual(['overlap']);
+      });
+
+      it('accepts up to `permits` permit holders at once and flags one more', () => {
+        const two = [permit('p1', 0, 20, 1), permit('p2', 5, 20, 2)];
+        expect(rules(two)).toEqual([]);
+        expect(rules([...two, permit('p3', 10, 30, 3)])).toEqual(['permits']);
+        expect(rules([...two, permit('p3', 10, 30, 3, { permits: 3 })])).toEqual([]);
+      });
+
+      it('with different bounds, holds a crowd to the bound of whichever may have been admitted last', () => {
+        // Asked for a permit of 2 first, but in hand last: its acquisition may have come first in
+        // Redis, then the two permits of 3 were admitted beside it.
+        const early = permit('p2', 12, 30, 1, { calledAt: 0 });
+        const wide = [
+          permit('p3a', 10, 30, 2, { permits: 3, calledAt: 2 }),
+          permit('p3b', 11, 30, 3, { permits: 3, calledAt: 3 }),
+        ];
+        expect(rules([...wide, early])).toEqual([]);
+        // Asked after both were in: admitted last, with two holding, beyond its bound of 2.
+        expect(rules([...wide, permit('p2', 12, 30, 4, { calledAt: 11.5 })])).toEqual(['permits']);
+        // A re-entry asks nothing of Redis: its outer hold's call is the one that counts.
+        const outer = permit('p2', 9, 30, 1, { calledAt: 0 });
+        const reentry = permit('p2', 12, 20, 1, { calledAt: 11.5, nested: true, path: 'withLock' });
+        expect(rules([outer, ...wide, reentry])).toEqual([]);
+        // Four at once is too many for any of them.
+        expect(rules([...wide, early, permit('p3c', 13, 30, 5, { permits: 3 })])).toEqual(['permits']);
+      });
+
+      it('counts readers among the shared holders a permit is bounded by, and an owner once for its re-entries', () => {
+        expect(rules([reader('r', 0, 20, 1), permit('p1', 5, 20, 2), permit('p2', 10, 30, 3)])).toEqual(['permits']);
+        const reentered = permit('p1', 6, 15, 2, { nested: true, path: 'withLock' });
+        expect(rules([permit('p1', 5, 20, 2), reentered, permit('p2', 10, 30, 3)])).toEqual([]);
+      });
+
+      it('does not count a permit holder told before the next got in, nor one told late while its loop stood still', () => {
+        const told = (lostAt: number): HoldRecord => permit('p1', 0, 30, 1, { lostAt });
+        const others = [permit('p2', 5, 30, 2), permit('p3', 10, 30, 3, { worker: 1 })];
+        expect(rules([told(9), ...others])).toEqual([]);
+        expect(rules([told(14), ...others])).toEqual(['permits']);
+        expect(rules([told(14), ...others, { kind: 'pause', worker: 0, from: 8, to: 13 }])).toEqual([]);
+      });
+
+      it('flags a permit record without a bound as malformed', () => {
+        expect(rules([hold({ owner: 'p', start: 0, end: 1, token: 1, mode: 'permit' })])).toEqual(['error']);
+        expect(rules([reader('r', 0, 1, 1, { permits: 2 })])).toEqual(['error']);
+      });
+    });
+
+    describe('fencing', () => {
+      it('accepts shared holders whose handles came back out of token order while their acquisitions overlapped', () => {
+        const first = reader('r1', 10, 30, 7, { calledAt: 0 });
+        const second = reader('r2', 12, 30, 5, { calledAt: 5 }); // asked before r1 was in: either may be first
+        expect(rules([first, second])).toEqual([]);
+        expect(rules([permit('p1', 10, 30, 7, { calledAt: 0 }), permit('p2', 12, 30, 5, { calledAt: 5 })])).toEqual([]);
+      });
+
+      it('flags a shared holder whose call began after another was in, with a smaller token', () => {
+        expect(rules([reader('r1', 0, 30, 7), reader('r2', 12, 30, 5, { calledAt: 10 })])).toEqual(['fencing']);
+        expect(rules([reader('r1', 0, 30, 7), reader('r2', 12, 30, 7, { calledAt: 10 })])).toEqual(['fencing']);
+      });
+
+      it('orders an exclusive hold and any other by when they got in, unless the later was told by then', () => {
+        // the writer's acquisition overlapped the reader's, but they cannot both have held it
+        expect(rules([reader('r', 10, 20, 7, { calledAt: 0 }), writer('w', 21, 30, 5, { calledAt: 5 })])).toEqual([
+          'fencing',
+        ]);
+        expect(rules([writer('w', 10, 20, 7, { calledAt: 0 }), reader('r', 21, 30, 5, { calledAt: 5 })])).toEqual([
+          'fencing',
+        ]);
+        expect(
+          rules([writer('w', 10, 20, 7, { calledAt: 0 }), reader('r', 21, 30, 5, { calledAt: 5, lostAt: 21 })]),
+        ).toEqual([]);
+      });
+
+      it('accepts a shared holder’s write refused by another shared holder’s token, not by an exclusive one’s', () => {
+        const refused = { write: 'refused' as const, refusedBy: 9 };
+        expect(rules([reader('r1', 0, 20, 5, refused), reader('r2', 2, 20, 9)])).toEqual([]);
+        expect(rules([permit('p1', 0, 20, 5, refused), permit('p2', 2, 20, 9)])).toEqual([]);
+        expect(
+          rules([reader('r', 0, 20, 5, { ...refused, calledAt: 0 }), writer('w', 25, 30, 9, { calledAt: 21 })]),
+        ).toEqual(['fencing']);
+        // an exclusive hold's write refused while it was not told is wrong whoever refused it
+        expect(rules([writer('w', 0, 20, 5, refused), reader('r', 21, 30, 9)])).toEqual(['fencing']);
+        expect(
+          rules([writer('w', 0, 20, 5, { ...refused, toldBeforeWrite: true, lostAt: 0 }), reader('r', 21, 30, 9)]),
+        ).toEqual([]);
+      });
+    });
+
+    describe('wake-ups', () => {
+      const released = (owner: string, at: number): HistoryEvent => ({
+        kind: 'release',
+        worker: 0,
+        name: 'n',
+        owner,
+        at,
+      });
+      const waitingWriter = (until: number): HoldRecord =>
+        writer('ww', until, until + 1, 20, { worker: 1, waitedFrom: 0, calledAt: 0 });
+      const waitingPermit = (until: number): HoldRecord =>
+        permit('wp', until, until + 1, 20, { worker: 1, waitedFrom: 0, calledAt: 0 });
+      const late = 50 + WAKE_MARGIN_MS * 3;
+
+      it('does not judge a reader’s release while another reader is still in; judges the last one’s', () => {
+        const readers = [reader('r1', 1, 49, 1), reader('r2', 2, 80, 2)];
+        expect(rules([...readers, released('r1', 50), waitingWriter(late)])).toEqual([]);
+        expect(rules([...readers, released('r1', 50), released('r2', 81), waitingWriter(late)])).toEqual([
+          'lost-wake-up',
+        ]);
+        expect(rules([...readers, released('r1', 50), released('r2', 81), waitingWriter(130)])).toEqual([]);
+      });
+
+      it('judges a permit’s release for a permit waiting with room left, not one with an exclusive caller ahead', () => {
+        const holders = [permit('p1', 1, 49, 1), permit('p2', 2, 400, 2)];
+        expect(rules([...holders, released('p1', 50), waitingPermit(late)])).toEqual(['lost-wake-up']);
+        // a waiter whose own bound is 1 has no room while p2 holds: it gave up, rightly
+        const noRoom: HistoryEvent = {
+          kind: 'give-up',
+          worker: 1,
+          name: 'n',
+          mode: 'permit',
+          permits: 1,
+          waitedFrom: 0,
+          at: 900,
+        };
+        expect(rules([...holders, released('p1', 50), noRoom])).toEqual([]);
+        expect(rules([...holders, released('p1', 50), { ...noRoom, permits: 2 }])).toEqual(['lost-wake-up']);
+        const writerAhead: HistoryEvent = { kind: 'give-up', worker: 2, name: 'n', waitedFrom: 10, at: 900 };
+        expect(rules([...holders, released('p1', 50), writerAhead, waitingPermit(late)])).toEqual([]);
+        expect(rules([...holders, released('p1', 50), waitingPermit(60)])).toEqual([]);
+      });
+
+      it('does not judge a multi-lock’s parts as waits, nor a release while a failed multi-lock call may hold it', () => {
+        const first = writer('a', 1, 49, 1);
+        const part = hold({ owner: 'm', worker: 1, start: late, end: late + 1, token: 9, op: 'multi', waitedFrom: 0 });
+        expect(rules([first, released('a', 50), part])).toEqual([]);
+        const failedMulti: HistoryEvent = { kind: 'unknown', worker: 2, name: 'n', from: 40, to: 300 };
+        expect(rules([first, released('a', 50), failedMulti, waitingWriter(late)])).toEqual([]);
+        expect(rules([first, released('a', 50), waitingWriter(late)])).toEqual(['lost-wake-up']);
+      });
+    });
   });
 });

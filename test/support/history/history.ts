@@ -2,14 +2,57 @@
  * The history of a randomized lock run, and the checker that judges it (Jepsen in miniature).
  *
  * Worker processes record what their critical sections did on one machine-wide clock; the run
- * records the faults it injected. `checkHistory` then looks for what must never happen:
+ * records the faults it injected. Every hold says what kind it was: exclusive (a plain lock, a
+ * write lock, each part of a multi-lock), a reader's (`mode: 'read'`), or one of a semaphore's
+ * `permits` (`mode: 'permit'`). `checkHistory` then looks for what must never happen:
  *
- * 1. two owners inside one lock's critical section at once, unless the earlier one had been told
- *    (its `signal` aborted) before the later one got in;
- * 2. fencing tokens that do not grow with the order in which owners got the lock, and a fenced
- *    write refused (a newer token was seen first) while its writer had not been told of a loss;
- * 3. a lost wake-up: a waiter still waiting `WAKE_MARGIN_MS` after a release of its lock, with
- *    nobody else taking the lock in between and no fault near either process.
+ * 1. Holders (rules 'overlap' and 'permits'). A hold is inside from `start` (its handle in hand) to
+ *    `end`. It stops counting once it has been told (its `signal` aborted), and a hold told before
+ *    it got in never counted; being told late is excused only by as long as its process's event
+ *    loop stood still when the report was due (README, "A paused holder"; a hold never told counts
+ *    as told when its work ended, see `toldBy`). At the instant each hold H got in, the holds of the
+ *    same name by other owners that are inside and still count, with H, must have: no exclusive
+ *    hold together with any other ('overlap': a writer with a reader is as wrong as two writers),
+ *    and no crowd of shared holds a semaphore would not admit ('permits'): whoever of them was
+ *    admitted last in Redis was admitted with the others holding (readers and permits both count
+ *    against a bound), so there can be at most its `permits` of them. The last one is known only up
+ *    to the order of their calls (see `tooManyPermits`); with one bound for all, at most n permits
+ *    at once. Holders only come in at such instants, so this judges every instant.
+ *
+ * 2. Fencing tokens (rule 'fencing'). Tokens must grow with the order in which holders got the lock
+ *    (one token per owner: re-entries share their outer hold's). Which of two holds A and B of a
+ *    name got it first is known when
+ *    a. A had its handle before B's call even began (`A.start < B.calledAt`): whatever their kinds,
+ *       B's token was issued after A's; or
+ *    b. one of them is exclusive, `A.start < B.start`, and B had not been told by `B.start`. Had B
+ *       got the lock first, A could only have got it once B's hold was gone from Redis, so before
+ *       A's start and B's: the library must then have told B by `B.start`. Two shared holders'
+ *       handles can come back in any order (their acquisitions overlap), so between those only a.
+ *       orders them.
+ *    A fenced write (the fence keeps the largest token it accepted, refuses smaller ones) refused
+ *    while its holder had not been told: for an exclusive hold, a holder that got the lock after it
+ *    wrote first, which it must have been told of. Shared holders hold together, so a reader's or a
+ *    permit's write refused by another shared holder's larger token is what a fence does with
+ *    concurrent writers, and promised nothing; refused by an exclusive hold's token, it is wrong.
+ *    (A holder told late by no more than its event loop stood still is excused, as in rule 1.)
+ *
+ * 3. A lost wake-up ('lost-wake-up'): a waiter still waiting `WAKE_MARGIN_MS` after a release of its
+ *    lock that left room for it, with nobody else taking that room and no fault near any process.
+ *    Only an explicit `release()` that answered true counts, and only its freeing of the lock: a
+ *    release of a shared hold leaves the other holds still in (or ended just before it, their own
+ *    release maybe under way). An exclusive waiter or a reader is judged when no hold was left and
+ *    nobody took the lock; a permit waiter while the semaphore had room: fewer shared holders left
+ *    and shared takers than its `permits`, and no exclusive holder, taker, or caller waiting at the
+ *    release (which may be ahead of it in the lock's one line). Stalls of the waiter's and the
+ *    releaser's event loops are excused, for a permit also the longest of another process's (the
+ *    shared waiters ahead of it in the line must take their permits first).
+ *
+ * Not judged: how long a multi-lock's parts waited (it takes them one after the other, holding the
+ * first while it waits for the next; a multi-lock call that failed is recorded as `unknown` on each
+ * of its names, as it may have held some), whether readers were admitted together as early as they
+ * could have been, and anything near a fault beyond rules 1 and 2. A multi-lock may hand out a set
+ * whose part was lost while the next one was waited for: its signal has then aborted already,
+ * which rule 1 accepts (the summary counts such holds as "handed out already told").
  */
 
 /** ms on CLOCK_MONOTONIC, which every process on the machine shares (Linux). */
@@ -32,13 +75,27 @@ export function prng(seed: number): () => number {
 /** How a critical section got its lock. */
 export type LockPath = 'decorator' | 'withLock' | 'lock' | 'none';
 
-/** One critical section, as the worker saw it. */
+/** What a hold shares its lock with: nobody, other readers, or up to `permits` - 1 other permits. */
+export type HoldMode = 'exclusive' | 'read' | 'permit';
+
+/** Which kind of call took a hold (for messages): `mode` is what the checker judges. */
+export type LockOp = 'mutex' | 'write' | 'read' | 'permit' | 'multi';
+
+/** One critical section, as the worker saw it. A multi-lock's makes one record per part. */
 export interface HoldRecord {
   readonly kind: 'hold';
   readonly worker: number;
   readonly name: string;
   readonly owner: string;
   readonly token: number;
+  /** Absent: exclusive (a plain lock, a write lock, a multi-lock's part). */
+  readonly mode?: HoldMode;
+  /** The semaphore's bound the permit was taken with; required with `mode: 'permit'`. */
+  readonly permits?: number;
+  /** Absent: a plain lock ('mutex'). */
+  readonly op?: LockOp;
+  /** The lease it was taken with, for messages: 'expire 250', 'watchdog 300'. */
+  readonly lease?: string;
   /** The handle was in hand (inside the critical section). */
   readonly start: number;
   /** The critical section's work was done (before any release was sent). */
@@ -54,11 +111,13 @@ export interface HoldRecord {
   readonly nested: boolean;
   /** The fenced write: accepted, refused, or not answered (the fence store is never faulted, so rare). */
   readonly write: 'accepted' | 'refused' | 'failed';
+  /** A refused write: the larger token the fence held then. */
+  readonly refusedBy?: number;
   /** Whether the signal had aborted when the write was sent. */
   readonly toldBeforeWrite: boolean;
 }
 
-/** A release that freed a lock: an explicit `release()` that answered true. */
+/** A release that freed a lock: an explicit `release()` that answered true (each part of a multi-lock). */
 export interface ReleaseRecord {
   readonly kind: 'release';
   readonly worker: number;
@@ -72,13 +131,17 @@ export interface GiveUpRecord {
   readonly kind: 'give-up';
   readonly worker: number;
   readonly name: string;
+  /** What it asked for (absent: exclusive). */
+  readonly mode?: HoldMode;
+  readonly permits?: number;
   readonly waitedFrom: number;
   readonly at: number;
 }
 
 /**
  * A call that failed with Redis unavailable: its acquisition may still have taken the lock in
- * Redis, which then stays taken until the library gives it back or its lease ends (`to`).
+ * Redis, which then stays taken until the library gives it back or its lease ends (`to`). Also
+ * each name of a multi-lock call that failed: it may have held its first parts meanwhile.
  */
 export interface UnknownRecord {
   readonly kind: 'unknown';
@@ -120,7 +183,7 @@ export interface FaultRecord {
 }
 
 export interface Violation {
-  readonly rule: 'overlap' | 'fencing' | 'lost-wake-up' | 'error';
+  readonly rule: 'overlap' | 'permits' | 'fencing' | 'lost-wake-up' | 'error';
   readonly text: string;
 }
 
@@ -132,6 +195,9 @@ export interface CheckOptions {
 /** How long after a release a waiter must have the lock (or see someone else take it). */
 export const WAKE_MARGIN_MS = 100;
 
+/** How long after a holder's work ended (its `end`) its release, sent then, may still be on its way. */
+const RELEASE_SLACK_MS = 20;
+
 /** How far before the second owner got in a stall of the first holder's loop can have delayed its report. */
 const STALL_WINDOW_MS = 50;
 
@@ -140,6 +206,32 @@ export const TICK_MS = 5;
 export const PAUSE_MS = 2;
 
 const fmt = (ms: number): string => ms.toFixed(1);
+
+/** A hold's mode; a record without one is exclusive. */
+export const modeOf = (hold: { readonly mode?: HoldMode }): HoldMode => hold.mode ?? 'exclusive';
+
+/** How long a worker's event loop stood still within [from, to], in ms (the run's own stalls count for all). */
+type Paused = (worker: number, from: number, to: number) => number;
+
+/**
+ * Whether `hold` had been told it lost the lock by `at`: its signal aborted by then, or later by no
+ * more than its process stood still when the report was due (the library cannot report while its
+ * event loop does not run: README, "A paused holder"). A hold never told was not told before its
+ * record at `end`: excused when its loop stood still for all of that but a little (its work, frozen
+ * too, ended as the loop came back, before the report's timer could run).
+ */
+function toldBy(hold: HoldRecord, at: number, paused: Paused): boolean {
+  if (hold.lostAt !== undefined && hold.lostAt <= at) return true;
+  const told = hold.lostAt ?? hold.end;
+  return told - at <= paused(hold.worker, at - STALL_WINDOW_MS, told);
+}
+
+function describe(hold: HoldRecord): string {
+  const kind = hold.mode === 'permit' ? `permit of ${hold.permits}` : modeOf(hold);
+  const via = hold.op && hold.op !== 'read' && hold.op !== 'permit' ? ` ${hold.op}` : '';
+  const lease = hold.lease ? `, ${hold.lease}` : '';
+  return `worker ${hold.worker} (owner ${hold.owner.slice(0, 8)}, ${kind}${via}, ${hold.path}${lease}, token ${hold.token})`;
+}
 
 export function checkHistory(
   events: readonly HistoryEvent[],
@@ -151,6 +243,12 @@ export function checkHistory(
   for (const e of events) {
     if (e.kind === 'error') violations.push({ rule: 'error', text: `worker ${e.worker}: ${e.error}` });
   }
+  for (const hold of holds) {
+    const { mode, permits } = hold;
+    const bad =
+      mode === 'permit' ? permits === undefined || !Number.isInteger(permits) || permits < 1 : permits !== undefined;
+    if (bad) violations.push({ rule: 'error', text: `malformed record: ${describe(hold)} on "${hold.name}"` });
+  }
   const byName = new Map<string, HoldRecord[]>();
   for (const hold of holds) {
     const list = byName.get(hold.name);
@@ -158,8 +256,7 @@ export function checkHistory(
     else byName.set(hold.name, [hold]);
   }
   const pauses = events.filter((e): e is PauseRecord => e.kind === 'pause');
-  /** How long `worker`'s event loop stood still within [from, to], in ms. */
-  const paused = (worker: number, from: number, to: number): number =>
+  const paused: Paused = (worker, from, to) =>
     pauses.reduce(
       (sum, p) =>
         p.worker === worker || p.worker === -1 ? sum + Math.max(0, Math.min(p.to, to) - Math.max(p.from, from)) : sum,
@@ -167,85 +264,211 @@ export function checkHistory(
     );
   for (const list of byName.values()) {
     list.sort((a, b) => a.start - b.start);
-    checkOverlaps(list, paused, violations);
-    checkTokens(list, violations);
-  }
-  for (const hold of holds) {
-    if (hold.write === 'refused' && !hold.toldBeforeWrite) {
-      violations.push({
-        rule: 'fencing',
-        text: `worker ${hold.worker} wrote "${hold.name}" with token ${hold.token}, refused as stale, while its signal had not aborted`,
-      });
-    }
+    checkHolders(list, paused, violations);
+    checkTokens(list, paused, violations);
+    checkRefusedWrites(list, paused, violations);
   }
   checkWakeUps(events, holds, faults, paused, options, violations);
   return violations;
 }
 
-function checkOverlaps(
-  list: readonly HoldRecord[],
-  paused: (worker: number, from: number, to: number) => number,
-  violations: Violation[],
-): void {
+/** Rule 1, for the holds of one name in `start` order. */
+function checkHolders(list: readonly HoldRecord[], paused: Paused, violations: Violation[]): void {
   const active: HoldRecord[] = [];
+  const reported = new Set<string>();
+  // Each owner's first record: its acquisition (a re-entry takes nothing new, see `tooManyPermits`).
+  const first = new Map<string, HoldRecord>();
+  for (const hold of list) if (!first.has(hold.owner)) first.set(hold.owner, hold);
   for (const later of list) {
     for (let i = active.length - 1; i >= 0; i -= 1) if (active[i].end <= later.start) active.splice(i, 1);
+    active.push(later);
+    // Told before it got in: it never counted (a multi-lock's part that lapsed while the next one was
+    // waited for is handed out that way, its signal already aborted).
+    if (toldBy(later, later.start, paused)) continue;
+    // The other owners inside that still count, one record each (a re-entry is its outer's hold).
+    const inside = new Map<string, HoldRecord>();
     for (const earlier of active) {
-      if (earlier.owner === later.owner) continue; // the same hold, re-entered
-      if (earlier.lostAt !== undefined && earlier.lostAt <= later.start) continue; // told in time
-      // Told late, but by no more than its process stood still when the report was due (the
-      // library cannot report while its event loop does not run: README, "A paused holder").
-      if (earlier.lostAt !== undefined) {
-        const late = earlier.lostAt - later.start;
-        if (late <= paused(earlier.worker, later.start - STALL_WINDOW_MS, earlier.lostAt)) continue;
-      }
+      if (earlier.owner === later.owner || inside.has(earlier.owner)) continue;
+      if (!toldBy(earlier, later.start, paused)) inside.set(earlier.owner, earlier);
+    }
+    const laterMode = modeOf(later);
+    for (const earlier of inside.values()) {
+      if (laterMode !== 'exclusive' && modeOf(earlier) !== 'exclusive') continue;
+      const pair = `${earlier.owner} ${later.owner}`;
+      if (reported.has(pair)) continue; // a re-entry of the same owner got in again beside it
+      reported.add(pair);
       violations.push({
         rule: 'overlap',
         text:
-          `"${later.name}": worker ${earlier.worker} (owner ${earlier.owner.slice(0, 8)}, ${earlier.path}) held it ` +
-          `${fmt(earlier.start)}–${fmt(earlier.end)} and worker ${later.worker} (owner ${later.owner.slice(0, 8)}, ` +
-          `${later.path}) got in at ${fmt(later.start)}` +
+          `"${later.name}": ${describe(earlier)} held it ${fmt(earlier.start)}–${fmt(earlier.end)} and ` +
+          `${describe(later)} got in at ${fmt(later.start)}` +
           (earlier.lostAt === undefined ? ', the first never told' : `, the first told only at ${fmt(earlier.lostAt)}`),
       });
     }
-    active.push(later);
+    if (laterMode === 'permit' && first.get(later.owner) === later) {
+      const crowd = tooManyPermits(
+        later,
+        [...inside.values()].map((h) => first.get(h.owner) ?? h),
+      );
+      if (crowd) {
+        violations.push({
+          rule: 'permits',
+          text:
+            `"${later.name}": ${describe(later)} got in at ${fmt(later.start)} while ${crowd.length - 1} other shared ` +
+            `holders were in and not told, ${crowd.length} in all, more than any of them that may have been admitted ` +
+            `last allows: ${crowd.map((h) => `${describe(h)} called ${fmt(h.calledAt)}, in ${fmt(h.start)}–${fmt(h.end)}`).join('; ')}`,
+        });
+      }
+    }
   }
 }
 
-function checkTokens(list: readonly HoldRecord[], violations: Violation[]): void {
-  // The first hold of each owner, in the order owners got the lock: tokens must grow along it.
+/**
+ * Holders of one name inside together, none of them told, that no semaphore admits: `later` (a
+ * permit) and some of `others`, or undefined. Whoever of such a crowd was admitted last in Redis
+ * was admitted with all the others holding (none had been told, so none had lost its hold), so the
+ * crowd can be no larger than that one's `permits` (a reader admitted last: any size). Which one
+ * was last is known only up to the order of their calls: one whose handle was in hand before
+ * another's call began was not. So a crowd is too large when it is larger than the bound of each
+ * of its members that may have been last. Tried: for each bound b, the permits of b or fewer
+ * (with later among them), without and with the readers. Each member is its owner's first record,
+ * the one that acquired: the crowd is judged when its last member got in, not at a re-entry.
+ */
+function tooManyPermits(later: HoldRecord, others: readonly HoldRecord[]): HoldRecord[] | undefined {
+  const shared = others.filter((h) => modeOf(h) !== 'exclusive');
+  const own = later.permits ?? 1;
+  const bounds = [...new Set(shared.map((h) => h.permits ?? 0))].filter((b) => b >= own);
+  for (const bound of [own, ...bounds].sort((a, b) => a - b)) {
+    const permits = shared.filter((h) => modeOf(h) === 'permit' && (h.permits ?? 1) <= bound);
+    for (const crowd of [
+      [later, ...permits],
+      [later, ...permits, ...shared.filter((h) => modeOf(h) === 'read')],
+    ]) {
+      const mayBeLast = crowd.filter((h) => !crowd.some((p) => p.calledAt > h.start));
+      const allows = Math.max(...mayBeLast.map((h) => (modeOf(h) === 'permit' ? (h.permits ?? 1) : Infinity)));
+      if (crowd.length > allows) return crowd;
+    }
+  }
+  return undefined;
+}
+
+/** `prefix[i]`: the hold with the largest token among `holds[0..i-1]` (undefined for none). */
+function maxTokens(holds: readonly HoldRecord[]): (HoldRecord | undefined)[] {
+  const prefix: (HoldRecord | undefined)[] = [undefined];
+  for (let i = 0; i < holds.length; i += 1) {
+    const best = prefix[i];
+    prefix.push(best && best.token >= holds[i].token ? best : holds[i]);
+  }
+  return prefix;
+}
+
+/** How many of `sorted` (ascending `start`) started before `at`. */
+function startedBefore(sorted: readonly HoldRecord[], at: number): number {
+  let lo = 0;
+  let hi = sorted.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    if (sorted[mid].start < at) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/** Rule 2's token order, for the holds of one name in `start` order. */
+function checkTokens(list: readonly HoldRecord[], paused: Paused, violations: Violation[]): void {
+  // The first hold of each owner (its outer hold; re-entries share its token), in start order.
   const seen = new Set<string>();
-  let previous: HoldRecord | undefined;
+  const firsts: HoldRecord[] = [];
   for (const hold of list) {
     if (hold.path === 'none' || seen.has(hold.owner)) continue;
     seen.add(hold.owner);
-    if (previous && previous.token >= hold.token) {
+    firsts.push(hold);
+  }
+  const exclusives = firsts.filter((h) => modeOf(h) === 'exclusive');
+  const best = maxTokens(firsts);
+  const bestExclusive = maxTokens(exclusives);
+  for (const hold of firsts) {
+    // a. Holds in hand before this call began, whatever their kinds.
+    const candidates = [best[startedBefore(firsts, hold.calledAt)]];
+    // b. With an exclusive one of the two: holds in hand before this one, unless it was told by then.
+    if (!toldBy(hold, hold.start, paused)) {
+      candidates.push(
+        modeOf(hold) === 'exclusive'
+          ? best[startedBefore(firsts, hold.start)]
+          : bestExclusive[startedBefore(exclusives, hold.start)],
+      );
+    }
+    const before = candidates.reduce<HoldRecord | undefined>(
+      (top, h) => (h && (!top || h.token > top.token) ? h : top),
+      undefined,
+    );
+    if (before && before.token >= hold.token) {
       violations.push({
         rule: 'fencing',
-        text: `"${hold.name}": token ${hold.token} (worker ${hold.worker}, at ${fmt(hold.start)}) is not larger than the earlier holder's ${previous.token} (worker ${previous.worker}, at ${fmt(previous.start)})`,
+        text:
+          `"${hold.name}": token ${hold.token} of ${describe(hold)}, called at ${fmt(hold.calledAt)}, in at ` +
+          `${fmt(hold.start)}, is not larger than ${before.token} of ${describe(before)}, in at ${fmt(before.start)}, ` +
+          `which got the lock before it`,
       });
     }
-    previous = hold;
   }
+}
+
+/** Rule 2's refused writes, for the holds of one name. */
+function checkRefusedWrites(list: readonly HoldRecord[], paused: Paused, violations: Violation[]): void {
+  for (const hold of list) {
+    if (hold.write !== 'refused' || hold.toldBeforeWrite || toldBy(hold, hold.start, paused)) continue;
+    if (modeOf(hold) === 'exclusive') {
+      violations.push({
+        rule: 'fencing',
+        text: `"${hold.name}": the write of ${describe(hold)} was refused as stale while its signal had not aborted`,
+      });
+      continue;
+    }
+    const by = hold.refusedBy === undefined ? undefined : list.find((h) => h.token === hold.refusedBy);
+    if (by && modeOf(by) === 'exclusive') {
+      violations.push({
+        rule: 'fencing',
+        text: `"${hold.name}": the write of ${describe(hold)} was refused by the token of ${describe(by)}, in at ${fmt(by.start)}, while its signal had not aborted`,
+      });
+    }
+  }
+}
+
+/** A waiting call: from when it began to when it got the lock or gave up. */
+interface Wait {
+  readonly worker: number;
+  readonly name: string;
+  readonly mode: HoldMode;
+  readonly permits: number;
+  readonly from: number;
+  readonly until: number;
 }
 
 function checkWakeUps(
   events: readonly HistoryEvent[],
   holds: readonly HoldRecord[],
   faults: readonly FaultRecord[],
-  stalled: (worker: number, from: number, to: number) => number,
+  stalled: Paused,
   options: CheckOptions,
   violations: Violation[],
 ): void {
-  /** A waiting call: from when it began to when it got the lock or gave up. */
-  const waits: { worker: number; name: string; from: number; until: number }[] = [];
+  const waits: Wait[] = [];
   for (const e of events) {
-    if (e.kind === 'hold' && e.waitedFrom !== undefined && !e.nested) {
-      waits.push({ worker: e.worker, name: e.name, from: e.waitedFrom, until: e.start });
+    if (e.kind === 'hold' && e.waitedFrom !== undefined && !e.nested && e.op !== 'multi') {
+      const { worker, name, permits = 0 } = e;
+      waits.push({ worker, name, mode: modeOf(e), permits, from: e.waitedFrom, until: e.start });
     } else if (e.kind === 'give-up') {
-      waits.push({ worker: e.worker, name: e.name, from: e.waitedFrom, until: e.at });
+      const { worker, name, permits = 0 } = e;
+      waits.push({ worker, name, mode: modeOf(e), permits, from: e.waitedFrom, until: e.at });
     }
   }
+  const holdOf = new Map<string, HoldRecord>();
+  for (const h of holds) if (!holdOf.has(h.owner)) holdOf.set(h.owner, h);
+  const workers = [...new Set(holds.map((h) => h.worker))];
+  const releasedAt = new Map<string, number>();
+  for (const e of events)
+    if (e.kind === 'release') releasedAt.set(e.owner, Math.min(e.at, releasedAt.get(e.owner) ?? e.at));
   for (const release of events) {
     if (release.kind !== 'release') continue;
     const r = release.at;
@@ -257,26 +480,61 @@ function checkWakeUps(
     const takers = holds.filter((h) => h.name === release.name && h.start >= r - 1 && h.calledAt <= end);
     const unknown = events.some((e) => e.kind === 'unknown' && e.name === release.name && e.from <= end && e.to >= r);
     if (unknown) continue;
+    // A shared hold's release leaves the holds still in, and those whose release may still be
+    // under way (ended their work just before; a recorded release is over).
+    const released = holdOf.get(release.owner);
+    const remaining = new Map<string, HoldRecord>();
+    if (released && modeOf(released) !== 'exclusive') {
+      for (const h of holds) {
+        if (h.name !== release.name || h.owner === release.owner || h.start >= r - 1) continue;
+        if ((releasedAt.get(h.owner) ?? Infinity) <= r) continue;
+        if (h.end + stalled(h.worker, h.end, r) + RELEASE_SLACK_MS > r) remaining.set(h.owner, h);
+      }
+    }
+    const remainingExclusive = [...remaining.values()].some((h) => modeOf(h) === 'exclusive');
     for (const wait of waits) {
       if (wait.name !== release.name || wait.from >= r || wait.until <= end) continue;
-      if (takers.some((h) => h.worker !== wait.worker || h.calledAt !== wait.from)) continue;
+      const others = takers.filter((h) => h.worker !== wait.worker || h.calledAt !== wait.from);
+      if (wait.mode !== 'permit') {
+        // The lock must have been free for it (no shared holder left), and nobody took it.
+        if (remaining.size > 0 || others.length > 0) continue;
+      } else {
+        // A permit is due while the semaphore has room: no exclusive holder or taker, fewer shared
+        // holders and takers than its permits, and no exclusive caller (waiting or under way at
+        // the release) that may be ahead of it in the lock's line.
+        if (remainingExclusive || others.some((h) => modeOf(h) === 'exclusive')) continue;
+        if (new Set([...remaining.keys(), ...others.map((h) => h.owner)]).size >= wait.permits) continue;
+        const exclusiveAhead =
+          holds.some((h) => h.name === wait.name && modeOf(h) === 'exclusive' && h.calledAt < r && h.start > r) ||
+          waits.some((w) => w !== wait && w.name === wait.name && w.mode === 'exclusive' && w.from < r && w.until > r);
+        if (exclusiveAhead) continue;
+      }
       // A fault in any process near the release may hide a hold nobody reports: an acquisition
       // whose answer came later than its lease is given back, not handed out, but held the lock
       // in Redis until then. Such a window proves nothing either way; the rest must be clean.
       if (!quiet(faults, r, options)) continue;
-      // Time the waiter's process (or the releaser's) could not run does not count against it.
+      // Time the waiter's process (or the releaser's) could not run does not count against it. A
+      // permit waits behind the shared waiters ahead of it in the lock's line, who may be stalled.
       const late = wait.until - r;
-      const excused = stalled(wait.worker, r, wait.until) + stalled(release.worker, r - WAKE_MARGIN_MS, wait.until);
+      const ahead =
+        wait.mode === 'permit'
+          ? Math.max(...workers.map((w) => (w === wait.worker ? 0 : stalled(w, r, wait.until))))
+          : 0;
+      const excused =
+        stalled(wait.worker, r, wait.until) + stalled(release.worker, r - WAKE_MARGIN_MS, wait.until) + ahead;
       if (late - excused <= WAKE_MARGIN_MS) continue;
       const next = holds
         .filter((h) => h.name === release.name && h.start > r)
         .reduce<HoldRecord | undefined>((first, h) => (first && first.start <= h.start ? first : h), undefined);
+      const kind = wait.mode === 'permit' ? `a permit of ${wait.permits}` : wait.mode;
       violations.push({
         rule: 'lost-wake-up',
         text:
-          `"${release.name}": worker ${release.worker} released it at ${fmt(r)}; worker ${wait.worker}, waiting since ` +
-          `${fmt(wait.from)}, was still waiting ${fmt(late)} ms later (${fmt(excused)} ms of it stalled) and nobody took it` +
-          (next ? ` (the next hold: worker ${next.worker} at ${fmt(next.start)}, ${next.path})` : ''),
+          `"${release.name}": worker ${release.worker} released it at ${fmt(r)}` +
+          (remaining.size > 0 ? ` (${remaining.size} other shared holders still in)` : '') +
+          `; worker ${wait.worker}, waiting (${kind}) since ${fmt(wait.from)}, was still waiting ${fmt(late)} ms ` +
+          `later (${fmt(excused)} ms of it stalled) and nobody took it` +
+          (next ? ` (the next hold: ${describe(next)} at ${fmt(next.start)})` : ''),
       });
     }
   }
@@ -297,19 +555,58 @@ export function quietReleases(
   return events.filter((e) => e.kind === 'release' && quiet(faults, e.at, options)).length;
 }
 
+/** How much the shared holds of a run actually shared (to show that a run exercised them). */
+export interface Sharing {
+  /** Most readers of one name in at once, none of them told. */
+  readonly readers: number;
+  /** Permit holds that got in with their semaphore then full (`permits` - 1 others in, none told). */
+  readonly fullSemaphores: number;
+}
+
+export function sharing(events: readonly HistoryEvent[]): Sharing {
+  const holds = events
+    .filter((e): e is HoldRecord => e.kind === 'hold' && e.lostAt === undefined && modeOf(e) !== 'exclusive')
+    .sort((a, b) => a.start - b.start);
+  let readers = 0;
+  let fullSemaphores = 0;
+  const active: HoldRecord[] = [];
+  for (const later of holds) {
+    for (let i = active.length - 1; i >= 0; i -= 1) if (active[i].end <= later.start) active.splice(i, 1);
+    const owners = new Set(active.filter((h) => h.name === later.name && h.owner !== later.owner).map((h) => h.owner));
+    if (later.mode === 'read') readers = Math.max(readers, owners.size + 1);
+    if (later.mode === 'permit' && !later.nested && owners.size + 1 === later.permits) fullSemaphores += 1;
+    active.push(later);
+  }
+  return { readers, fullSemaphores };
+}
+
 /** A one-line summary of a run, for logs. */
 export function summarize(events: readonly HistoryEvent[], faults: readonly FaultRecord[]): string {
   const holds = events.filter((e): e is HoldRecord => e.kind === 'hold');
   const count = (predicate: (h: HoldRecord) => boolean): number => holds.filter(predicate).length;
   const kinds = new Map<string, number>();
   for (const f of faults) kinds.set(f.kind, (kinds.get(f.kind) ?? 0) + 1);
+  const ops = new Map<string, number>();
+  for (const h of holds) if (!h.nested) ops.set(h.op ?? 'mutex', (ops.get(h.op ?? 'mutex') ?? 0) + 1);
   const pauseRecords = events.filter((e): e is PauseRecord => e.kind === 'pause');
   const pauses = pauseRecords.length;
   const stalled = pauseRecords.reduce((sum, p) => sum + p.to - p.from, 0);
+  const family =
+    ops.size > 1 || !ops.has('mutex')
+      ? (() => {
+          const shared = sharing(events);
+          return (
+            ` [${[...ops].map(([op, n]) => `${op} ${n}`).join(', ')}; up to ${shared.readers} readers at once, ` +
+            `${shared.fullSemaphores} permits taken with the semaphore full, ` +
+            `${count((h) => h.lostAt !== undefined && h.lostAt <= h.start)} handed out already told]`
+          );
+        })()
+      : '';
   return (
     `${holds.length} holds (${count((h) => h.nested)} nested, ${count((h) => h.lostAt !== undefined)} lost, ` +
-    `${count((h) => h.waitedFrom !== undefined)} after waiting), ` +
+    `${count((h) => h.waitedFrom !== undefined)} after waiting)${family}, ` +
     `${events.filter((e) => e.kind === 'give-up').length} waits ran out, ` +
+    `${events.filter((e) => e.kind === 'unknown').length} outcomes unknown, ` +
     `${events.filter((e) => e.kind === 'release').length} releases, ` +
     `fenced writes ${count((h) => h.write === 'accepted')} accepted / ${count((h) => h.write === 'refused')} refused; ` +
     `${faults.length} faults (${[...kinds].map(([k, n]) => `${k} ${n}`).join(', ')}); ` +

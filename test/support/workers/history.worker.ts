@@ -10,8 +10,7 @@
  * up in 'history' batches, and 'history-done' comes last, after the app has closed.
  */
 import 'reflect-metadata';
-import { Injectable, Logger, Module } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
+import { Injectable, Module } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import {
   DisLock,
@@ -21,8 +20,9 @@ import {
   LockService,
   RedisUnavailableError,
 } from 'nestjs-dislock';
-import { clock, type HistoryEvent, type LockPath, PAUSE_MS, prng, TICK_MS } from '../history/history';
-import { boundLifetime, fromParent, runWorker, toParent, workerConfig } from './protocol';
+import { clock, type HistoryEvent, type LockPath, prng } from '../history/history';
+import { runHistoryLoop } from '../history/history-loop';
+import { boundLifetime, workerConfig } from './protocol';
 
 export interface HistoryWorkerConfig {
   /** This worker's number (0-based). */
@@ -60,7 +60,6 @@ const fence = new Redis(config.fence, { maxRetriesPerRequest: 1 });
 fence.on('error', () => undefined);
 const pending: HistoryEvent[] = [];
 const record = (event: HistoryEvent): void => void pending.push(event);
-let stopping = false;
 let locklessToken = 0;
 
 /** One critical section: the fenced write and a random amount of work; reports the hold. */
@@ -260,39 +259,14 @@ async function oneCall(actor: Actor, locks: LockService): Promise<void> {
 })
 class HistoryModule {}
 
-runWorker(async () => {
-  Logger.overrideLogger(['error']);
-  const app = await NestFactory.createApplicationContext(HistoryModule, { logger: ['error'] });
-  const actor = app.get(Actor);
-  const locks = app.get(LockService);
-  await toParent({ type: 'ready' });
-  await fromParent('go');
-  const flusher = setInterval(() => {
-    if (pending.length > 0) void toParent({ type: 'history', events: pending.splice(0) });
-  }, 200);
-  void fromParent('stop').then(() => (stopping = true));
-  // A tick later than it should be means the event loop stood still that long (GC, a busy CPU):
-  // the library's own timers were just as late then.
-  let lastTick = clock();
-  const ticker = setInterval(() => {
-    const at = clock();
-    const due = lastTick + TICK_MS;
-    if (at - due > PAUSE_MS) record({ kind: 'pause', worker: config.worker, from: due, to: at });
-    lastTick = at;
-  }, TICK_MS);
-  await Promise.all(
-    Array.from({ length: config.loops }, async () => {
-      while (!stopping) {
-        await oneCall(actor, locks);
-        await sleep(random() * 20);
-      }
-    }),
-  );
-  await sleep(700); // re-entries left running finish (their work is at most 600 ms)
-  clearInterval(flusher);
-  clearInterval(ticker);
-  await app.close();
-  fence.disconnect();
-  await toParent({ type: 'history-done', events: pending.splice(0) });
-  lifetime.finish();
+runHistoryLoop({
+  module: HistoryModule,
+  actor: Actor,
+  worker: config.worker,
+  loops: config.loops,
+  random,
+  pending,
+  fence,
+  lifetime,
+  oneCall,
 });

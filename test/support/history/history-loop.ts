@@ -1,0 +1,70 @@
+/**
+ * What both history workers (../workers/history.worker.ts, ./family.worker.ts) do around their
+ * calls: start the Nest app, report 'ready', run `loops` loops of calls between 'go' and 'stop',
+ * send the events up in batches, record the event loop's own stalls, close, and send the rest.
+ */
+import { Logger, type Type } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import type { Redis } from 'ioredis';
+import { LockService } from 'nestjs-dislock';
+import { fromParent, runWorker, toParent } from '../workers/protocol';
+import { clock, type HistoryEvent, PAUSE_MS, TICK_MS } from './history';
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+export interface HistoryLoop<A> {
+  /** The app's module, and the provider that makes the decorated calls. */
+  readonly module: Type<unknown>;
+  readonly actor: Type<A>;
+  readonly worker: number;
+  readonly loops: number;
+  readonly random: () => number;
+  /** Where `record` puts events until they are sent up. */
+  readonly pending: HistoryEvent[];
+  /** The fenced resource's client: closed at the end. */
+  readonly fence: Redis;
+  readonly lifetime: { finish(): void };
+  /** One call of a loop. */
+  oneCall(actor: A, locks: LockService): Promise<void>;
+}
+
+export function runHistoryLoop<A>(loop: HistoryLoop<A>): void {
+  const { pending } = loop;
+  runWorker(async () => {
+    Logger.overrideLogger(['error']);
+    const app = await NestFactory.createApplicationContext(loop.module, { logger: ['error'] });
+    const actor = app.get(loop.actor);
+    const locks = app.get(LockService);
+    await toParent({ type: 'ready' });
+    await fromParent('go');
+    const flusher = setInterval(() => {
+      if (pending.length > 0) void toParent({ type: 'history', events: pending.splice(0) });
+    }, 200);
+    let stopping = false;
+    void fromParent('stop').then(() => (stopping = true));
+    // A tick later than it should be means the event loop stood still that long (GC, a busy CPU):
+    // the library's own timers were just as late then.
+    let lastTick = clock();
+    const ticker = setInterval(() => {
+      const at = clock();
+      const due = lastTick + TICK_MS;
+      if (at - due > PAUSE_MS) pending.push({ kind: 'pause', worker: loop.worker, from: due, to: at });
+      lastTick = at;
+    }, TICK_MS);
+    await Promise.all(
+      Array.from({ length: loop.loops }, async () => {
+        while (!stopping) {
+          await loop.oneCall(actor, locks);
+          await sleep(loop.random() * 20);
+        }
+      }),
+    );
+    await sleep(700); // re-entries left running finish (their work is at most 600 ms)
+    clearInterval(flusher);
+    clearInterval(ticker);
+    await app.close();
+    loop.fence.disconnect();
+    await toParent({ type: 'history-done', events: pending.splice(0) });
+    loop.lifetime.finish();
+  });
+}
