@@ -144,6 +144,16 @@ describe('lock events (LockService.on) on a real Redis', () => {
     expect(seenByB.slice(before).some((e) => e.name === 'job:7')).toBe(false);
   });
 
+  it('with @opentelemetry/api installed but no SDK registered, nothing listens (telemetry costs nothing)', async () => {
+    const plain = await createTestApp([], { keyPrefix: a.prefix });
+    const events = (plain.locks as unknown as { events: { listens(type: LockEventType): boolean } }).events;
+    try {
+      expect(TYPES.filter((type) => events.listens(type))).toEqual([]);
+    } finally {
+      await plain.close();
+    }
+  });
+
   it('a listener that throws is logged and disturbs nothing; off() stops the listener', async () => {
     const off = a.locks.on('acquired', () => {
       throw new Error('listener broke');

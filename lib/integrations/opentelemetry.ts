@@ -29,8 +29,9 @@ export interface MethodSpan {
 
 /**
  * OpenTelemetry for the locks of one application, through `@opentelemetry/api` when it is
- * installed (the SDK the application registers decides where it goes; without one every call is
- * a no-op), nothing at all when it is not, or with `telemetry: false`. Built on the lock events:
+ * installed and an SDK is registered when the module starts (its meter and tracer providers;
+ * either may be absent): nothing at all without them, or with `telemetry: false`. Built on the
+ * lock events:
  *
  * Metrics (meter `nestjs-dislock`):
  * - `dislock.acquire.duration` (histogram, s): each acquisition's whole time, by `dislock.outcome`
@@ -102,7 +103,31 @@ export class DisLockTelemetry implements OnModuleInit, OnApplicationShutdown {
   private instrument(api: Api): void {
     const meter = api.metrics.getMeter(INSTRUMENTATION_SCOPE);
     const tracer = api.trace.getTracer(INSTRUMENTATION_SCOPE);
-    this.tracer = tracer;
+    // Without an SDK the API hands out no-op meters and proxy tracers: then nothing is subscribed,
+    // and the locks cost what they cost with `telemetry: false`.
+    if (!(tracer instanceof api.ProxyTracer)) this.tracer = tracer;
+    if (!(meter instanceof api.createNoopMeter().constructor)) this.measure(meter);
+    const traced = this.tracer;
+    if (!traced) return;
+    const span = (event: LockEvent<'acquired'> | LockEvent<'busy'>): void => {
+      if (event.type === 'acquired' && event.reentrant) return;
+      const acquire = traced.startSpan('dislock.acquire', {
+        startTime: event.at - event.waitedMs,
+        attributes: {
+          ...this.attributes(event),
+          'dislock.outcome': event.type === 'acquired' ? 'acquired' : 'busy',
+          'dislock.waited': event.waited,
+          ...(event.type === 'acquired' && { 'dislock.fencing_token': event.fencingToken }),
+        },
+      });
+      if (event.type === 'busy') acquire.setStatus({ code: api.SpanStatusCode.ERROR, message: 'lock busy' });
+      acquire.end(event.at);
+    };
+    this.stops.push(this.locks.on('acquired', span), this.locks.on('busy', span));
+  }
+
+  /** The metrics, on a meter of a registered SDK. */
+  private measure(meter: OpenTelemetry.Meter): void {
     const seconds = { unit: 's' };
     const acquireDuration = meter.createHistogram('dislock.acquire.duration', {
       ...seconds,
@@ -121,8 +146,6 @@ export class DisLockTelemetry implements OnModuleInit, OnApplicationShutdown {
     const losses = meter.createCounter('dislock.losses', { description: 'Locks lost while held, by reason' });
     // An up-down counter rather than a gauge: the applications of one process add up, never overwrite each other.
     const held = meter.createUpDownCounter('dislock.locks.held', { description: 'Locks held (kept) now' });
-    this.stops.push(this.locks.onHeldChange((delta) => held.add(delta)));
-
     const acquisition = (event: LockEvent<'acquired'> | LockEvent<'busy'>): void => {
       if (event.type === 'acquired' && event.reentrant) return;
       const outcome = event.type === 'acquired' ? 'acquired' : 'busy';
@@ -130,18 +153,9 @@ export class DisLockTelemetry implements OnModuleInit, OnApplicationShutdown {
       acquireDuration.record(event.waitedMs / 1_000, attributes);
       if (event.waited) waitDuration.record(event.waitedMs / 1_000, attributes);
       acquisitions.add(1, attributes);
-      const span = tracer.startSpan('dislock.acquire', {
-        startTime: event.at - event.waitedMs,
-        attributes: {
-          ...attributes,
-          'dislock.waited': event.waited,
-          ...(event.type === 'acquired' && { 'dislock.fencing_token': event.fencingToken }),
-        },
-      });
-      if (event.type === 'busy') span.setStatus({ code: api.SpanStatusCode.ERROR, message: 'lock busy' });
-      span.end(event.at);
     };
     this.stops.push(
+      this.locks.onHeldChange((delta) => held.add(delta)),
       this.locks.on('acquired', acquisition),
       this.locks.on('busy', acquisition),
       this.locks.on('renewed', (event) => {
