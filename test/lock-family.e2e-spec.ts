@@ -455,6 +455,22 @@ describe('the lock family on a real Redis', () => {
       expect(await redis.exists(key(x), key(y))).toBe(0);
     });
 
+    it('a part lost while a later one is waited for is taken again: the set handed out is held whole', async () => {
+      const [x, y] = [fresh('m-1'), fresh('m-2')].sort();
+      const blocker = await b.locks.lock(y);
+      const taking = a.locks.lock([x, y], { lockWatchdogTimeout: 300, waitTime: 3_000 });
+      expect(await eventually(async () => (await redis.exists(key(x))) === 1)).toBe(true);
+      const firstOwner = Object.keys(await redis.hgetall(key(x)))[0];
+      await redis.del(key(x)); // lost: its next renewal finds it gone
+      await sleep(250);
+      await blocker.release();
+      const set = await taking;
+      expect(set.signal.aborted).toBe(false);
+      for (const part of set.locks) expect(await redis.hgetall(part.key)).toEqual({ [part.owner]: '1' });
+      expect(set.locks[0].owner).not.toBe(firstOwner);
+      await set.release();
+    });
+
     it('its signal aborts when any part is lost', async () => {
       const [x, y] = [fresh('m'), fresh('m')];
       const set = await a.locks.lock([x, y], { lockWatchdogTimeout: 300 });

@@ -103,21 +103,29 @@ export class Acquisition implements Attempter {
     cancel?: AbortSignal,
   ): Promise<LockSet | null> {
     const deadline = now() + options.waitTime;
-    const parts: Handle[] = [];
-    try {
-      for (const name of names) {
-        const waitTime = Math.max(0, Math.ceil(deadline - now()));
-        const handle = await this.acquire(name, { ...options, waitTime }, keepOnShutdown, cancel);
-        if (!handle) break;
-        parts.push(handle);
+    const giveBack = (parts: readonly Handle[]): Promise<unknown> =>
+      Promise.all(parts.map((part) => this.held.finish(part, true)));
+    for (;;) {
+      const parts: Handle[] = [];
+      try {
+        for (const name of names) {
+          const waitTime = Math.max(0, Math.ceil(deadline - now()));
+          const handle = await this.acquire(name, { ...options, waitTime }, keepOnShutdown, cancel);
+          if (!handle) break;
+          parts.push(handle);
+        }
+      } catch (error) {
+        await giveBack(parts);
+        throw error;
       }
-    } catch (error) {
-      await Promise.all(parts.map((part) => this.held.finish(part, true)));
-      throw error;
+      if (parts.length === names.length && parts.every((part) => part.lock.state === 'held')) {
+        return new LockSet(parts, this.held);
+      }
+      // Busy past the waitTime; or a part was lost while a later one was waited for, so the set
+      // was never held whole: give every part back, and try again while there is time.
+      await giveBack(parts);
+      if (parts.length < names.length || deadline - now() <= 0 || cancel?.aborted) return null;
     }
-    if (parts.length === names.length) return new LockSet(parts, this.held);
-    await Promise.all(parts.map((part) => this.held.finish(part, true)));
-    return null;
   }
 
   private async acquireNow(
