@@ -1,4 +1,8 @@
-import type { StoredHold, StoredLock } from '../store/lock-store.interface';
+import type { Logger } from '@nestjs/common';
+import type { ResolvedModuleOptions } from '../module/dislock.options';
+import type { LockStore, StoredHold, StoredLock } from '../store/lock-store.interface';
+import type { HeldLocks } from './held-locks';
+import { redisFailed } from './redis-failed';
 
 /** One holder of a lock, as `LockService.inspect` and `forceUnlock` report it. */
 export interface LockHolder {
@@ -101,4 +105,39 @@ export function describeHolder(holder: LockHolder): string {
   const what = holder.caller ?? holder.label;
   const since = holder.since ? `, held since ${holder.since.toISOString()}` : '';
   return `owner ${holder.owner}${where ? ` (${where}${what ? `, ${what}` : ''})` : what ? ` (${what})` : ''}${since}`;
+}
+
+/** What an operator asks of the locks: `LockService.inspect` and `forceUnlock`. */
+export class Operator {
+  constructor(
+    private readonly options: ResolvedModuleOptions,
+    private readonly store: LockStore,
+    private readonly held: HeldLocks,
+    private readonly logger: Logger,
+  ) {}
+
+  async inspect(name: string): Promise<LockInspection> {
+    const key = this.options.keyPrefix + name;
+    let stored;
+    try {
+      stored = await this.store.inspect(key);
+    } catch (error) {
+      throw redisFailed('inspect', name, error);
+    }
+    return inspectionOf(name, key, stored, (owner) => this.held.holdsOf(key, owner));
+  }
+
+  async forceUnlock(name: string): Promise<LockHolder[]> {
+    const key = this.options.keyPrefix + name;
+    let removed;
+    try {
+      removed = await this.store.forceUnlock(key);
+    } catch (error) {
+      throw redisFailed('release', name, error);
+    }
+    const holders = removed.map((hold) => holderOf(hold, this.held.holdsOf(key, hold.owner)));
+    const who = holders.length === 0 ? 'it was free' : `removed ${holders.map(describeHolder).join('; ')}`;
+    this.logger.warn(`Lock "${name}" force-unlocked: ${who}`);
+    return holders;
+  }
 }

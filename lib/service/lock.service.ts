@@ -15,9 +15,8 @@ import { LockScope } from '../core/lock-scope';
 import { type LockEventListener, LockEvents, type LockEventType } from '../events/lock-events';
 import type { LockStore, StoreHealth } from '../store/lock-store.interface';
 import { resolveLockOptions, validateLockOptions } from '../module/options.validation';
-import { describeHolder, holderOf, inspectionOf, type LockHolder, type LockInspection } from './inspection';
+import { type LockHolder, type LockInspection, Operator } from './inspection';
 import { checkLockNames, describeNames } from './lock-names';
-import { redisFailed } from './redis-failed';
 import { Acquisition } from './acquisition';
 import { HeldLocks } from './held-locks';
 import { LossReporter } from './loss-reporter';
@@ -41,6 +40,7 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   private readonly line: WaitLine;
   private readonly held: HeldLocks;
   private readonly acquisition: Acquisition;
+  private readonly operator: Operator;
   private readonly logger = new Logger('DisLock');
   private readonly events = new LockEvents(this.logger);
 
@@ -54,6 +54,7 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     const reporter = new LossReporter(options, logger, this.scope, events);
     this.held = new HeldLocks(store, logger, this.scope, reporter, this.line, events);
     this.acquisition = new Acquisition(options, store, this.scope, this.held, this.line, this.gate, events);
+    this.operator = new Operator(options, store, this.held, logger);
   }
 
   /**
@@ -149,16 +150,8 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
    * token and what its acquisition recorded (host, pid, `appName`, label, `@DisLock` method, since
    * when), and this application's hold count for its own; and how many processes wait. Reads only.
    */
-  async inspect(name: string): Promise<LockInspection> {
-    const lockName = checkLockNames('LockService.inspect', name, undefined) as string;
-    const key = this.options.keyPrefix + lockName;
-    let stored;
-    try {
-      stored = await this.store.inspect(key);
-    } catch (error) {
-      throw redisFailed('inspect', lockName, error);
-    }
-    return inspectionOf(lockName, key, stored, (owner) => this.held.holdsOf(key, owner));
+  inspect(name: string): Promise<LockInspection> {
+    return this.operator.inspect(checkLockNames('LockService.inspect', name, undefined) as string);
   }
 
   /**
@@ -166,19 +159,8 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
    * holder removed. Each holder finds out at its next renewal (its `signal` aborts, `not-owner`);
    * one with a fixed `expire` only when its lease ends or it releases. The holders removed.
    */
-  async forceUnlock(name: string): Promise<LockHolder[]> {
-    const lockName = checkLockNames('LockService.forceUnlock', name, undefined) as string;
-    const key = this.options.keyPrefix + lockName;
-    let removed;
-    try {
-      removed = await this.store.forceUnlock(key);
-    } catch (error) {
-      throw redisFailed('release', lockName, error);
-    }
-    const holders = removed.map((hold) => holderOf(hold, this.held.holdsOf(key, hold.owner)));
-    const who = holders.length === 0 ? 'it was free' : `removed ${holders.map(describeHolder).join('; ')}`;
-    this.logger.warn(`Lock "${lockName}" force-unlocked: ${who}`);
-    return holders;
+  forceUnlock(name: string): Promise<LockHolder[]> {
+    return this.operator.forceUnlock(checkLockNames('LockService.forceUnlock', name, undefined) as string);
   }
 
   // ---- used by the interceptor -------------------------------------------------------------
