@@ -204,7 +204,9 @@ describe.each([redisStore, memoryStore, clusterStore, redlockStore].map((make) =
       const second = (woken as { value: LockHandle }).value;
       const refused = await settle(a.lock(name, { waitTime: 300 }));
       expect((refused as { error: unknown }).error).toBeInstanceOf(LockNotAcquiredError);
-      expect(refused.ms).toBeGreaterThanOrEqual(280);
+      // Node's timers count from the event loop's cached clock: on a busy loop they fire up to a
+      // few tens of ms early by performance.now().
+      expect(refused.ms).toBeGreaterThanOrEqual(250);
       expect(refused.ms).toBeLessThan(1_500);
       await second.release();
     });
