@@ -1,3 +1,4 @@
+import type { Redis } from 'ioredis';
 import { createLocker } from '../contenders/locker';
 import { cpuMicros, hr, sleep, sleepUntil } from '../support/clock';
 import {
@@ -56,20 +57,7 @@ export async function setupContended(spec: CellSpec, rank: number, target: Redis
       let errors = 0;
       let firstError: string | undefined;
 
-      const window = (async () => {
-        await sleepUntil(start);
-        const cpu = cpuMicros();
-        const sent = locker.sent();
-        const info = admin ? await infoSnapshot(admin) : undefined;
-        await sleepUntil(end);
-        const cpuUs = cpuMicros() - cpu;
-        const sentInWindow = locker.sent() - sent;
-        return {
-          cpuUs,
-          sent: sentInWindow,
-          info: admin && info ? infoDelta(info, await infoSnapshot(admin)) : undefined,
-        };
-      })();
+      const window = measureWindow(start, end, locker, admin);
       window.catch(() => undefined); // awaited below
 
       const worker = async (id: number): Promise<void> => {
@@ -166,5 +154,29 @@ export function contendedMetrics(spec: CellSpec, parts: readonly ContendedPart[]
     warnings: parts.reduce((sum, part) => sum + part.logged.warnings, 0),
     ...clusterMetrics(info),
     ...perCommand(info, cs),
+  };
+}
+
+/**
+ * What a cell's measuring window costs, from `start` to `end` (hr ms): this process's CPU, the
+ * commands its locker sent, and (from one process of the cell) the server's INFO deltas.
+ */
+export async function measureWindow(
+  start: number,
+  end: number,
+  locker: { sent(): number },
+  admin: Redis | readonly Redis[] | undefined,
+): Promise<{ cpuUs: number; sent: number; info: InfoDelta | undefined }> {
+  await sleepUntil(start);
+  const cpu = cpuMicros();
+  const sent = locker.sent();
+  const info = admin ? await infoSnapshot(admin) : undefined;
+  await sleepUntil(end);
+  const cpuUs = cpuMicros() - cpu;
+  const sentInWindow = locker.sent() - sent;
+  return {
+    cpuUs,
+    sent: sentInWindow,
+    info: admin && info ? infoDelta(info, await infoSnapshot(admin)) : undefined,
   };
 }

@@ -12,11 +12,12 @@
  */
 import { type Access, createFamilyLocker, PERMITS } from '../contenders/family';
 import type { Timing } from '../plan';
-import { cpuMicros, hr, sleep, sleepUntil } from '../support/clock';
-import { type InfoDelta, infoDelta, infoSnapshot, perCommand, plainClient, ready, serverUrl } from '../support/redis';
+import { hr, sleep, sleepUntil } from '../support/clock';
+import { type InfoDelta, perCommand, plainClient, ready, serverUrl } from '../support/redis';
 import type { CellSpec, ContenderId, FamilyCase, Metrics, RedisTarget } from '../support/protocol';
 import { jain, percentile, sortedCopy } from '../support/stats';
 import { type CellRun, describeError } from './cell-run';
+import { measureWindow } from './contended';
 import { setupUncontended, type UncontendedPart, uncontendedMetrics } from './uncontended';
 
 /** [processes, workers per process]: 16 workers on one name, in one process and over 4. */
@@ -126,20 +127,7 @@ export async function setupFamily(spec: CellSpec, rank: number, target: RedisTar
       let errors = 0;
       let firstError: string | undefined;
 
-      const window = (async () => {
-        await sleepUntil(start);
-        const cpu = cpuMicros();
-        const sent = locker.sent();
-        const info = admin ? await infoSnapshot(admin) : undefined;
-        await sleepUntil(end);
-        const cpuUs = cpuMicros() - cpu;
-        const sentInWindow = locker.sent() - sent;
-        return {
-          cpuUs,
-          sent: sentInWindow,
-          info: admin && info ? infoDelta(info, await infoSnapshot(admin)) : undefined,
-        };
-      })();
+      const window = measureWindow(start, end, locker, admin);
       window.catch(() => undefined); // awaited below
 
       const worker = async (id: number): Promise<void> => {
