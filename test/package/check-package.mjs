@@ -29,7 +29,8 @@ check(stray.length === 0, `no stray files in the tarball${stray.length ? `: ${st
 for (const required of ['LICENSE', 'README.md', 'CHANGELOG.md', 'package.json', 'dist/index.js', 'dist/index.d.ts']) {
   check(files.includes(required), `the tarball has ${required}`);
 }
-check(!files.some((file) => /spec|\.map$|^lib\/|^test\//.test(file)), 'no tests, sources or source maps');
+// Test files end in .spec.* or -spec.* (not every name with "spec" in it: inspect.script.js ships).
+check(!files.some((file) => /[.-]spec\.|\.map$|^lib\/|^test\//.test(file)), 'no tests, sources or source maps');
 console.log(
   `     ${files.length} files, ${(pack.size / 1024).toFixed(1)} kB packed, ${(pack.unpackedSize / 1024).toFixed(1)} kB unpacked`,
 );
