@@ -33,6 +33,8 @@ const LONG = { lockWatchdogTimeout: 20_000 } as const;
 const WAIT = { waitTime: 10_000, lockWatchdogTimeout: 20_000 } as const;
 /** Release -> the waiter holds the lock. A message round trip is a few ms; the margin is for a busy 2-core machine. */
 const WAKE_MS = 150;
+/** 1.5 lineRefreshMs after the waiter's last attempt: as far as can be from its next refresh attempt. */
+const REFRESH_MIDWAY_MS = 1_500;
 
 /** A MONITOR line's arguments. */
 type Line = string[];
@@ -247,7 +249,9 @@ describe('waiting without polling, and the batched watchdog', () => {
       const from = await mon.sync();
       const waiting = a.locks.tryLock(name, WAIT);
       expect(await asleep(name, from)).toBe(true);
-      await sleep(1_000); // held for 1 s while the waiter waits
+      // Held while the waiter sleeps. The waiter refreshes its place in the store's line every
+      // lineRefreshMs (1 s) with an attempt: release midway between two of them, not on one.
+      await sleep(REFRESH_MIDWAY_MS);
 
       const releasedAt = performance.now();
       expect(await holder.release()).toBe(true);
@@ -263,7 +267,7 @@ describe('waiting without polling, and the batched watchdog', () => {
       const before = calls(lines.slice(0, releaseAt), ACQUIRE_SCRIPT, key(name)).length;
       const after = calls(lines.slice(releaseAt), ACQUIRE_SCRIPT, key(name)).length;
       expect(before).toBeGreaterThanOrEqual(2); // tried, subscribed, retried once
-      expect(before).toBeLessThanOrEqual(4); // then slept: no polling during the 1 s hold
+      expect(before).toBeLessThanOrEqual(4); // then slept: one refresh of its place, no polling
       // The release granted it to the waiter's line: no attempt, one renewal that took it up.
       expect(after).toBe(0);
       expect(calls(lines.slice(releaseAt), RENEW_SCRIPT, key(name)).length).toBeGreaterThanOrEqual(1);
@@ -277,7 +281,7 @@ describe('waiting without polling, and the batched watchdog', () => {
       const from = await mon.sync();
       const waiting = a.locks.tryLock(name, WAIT);
       expect(await asleep(name, from)).toBe(true);
-      await sleep(1_000);
+      await sleep(REFRESH_MIDWAY_MS);
 
       const releasedAt = performance.now();
       expect(await holder.release()).toBe(true);
