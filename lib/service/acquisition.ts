@@ -16,7 +16,8 @@ import type { Grant, LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
 import type { ShutdownGate } from './shutdown-gate';
-import type { Attempter, LineSeat, WaitLine } from './wait-line';
+import type { Attempter, WaitLine } from './wait-line';
+import type { LineSeat } from './wait-queue';
 
 const now = (): number => performance.now();
 

@@ -1,6 +1,5 @@
 import { RedisUnavailableError, RedlockQuorumError, ReplicationNotConfirmedError } from '../errors';
-import { ReplicaShortfallError } from '../store/redis/replica-ack';
-import { StoreTimeoutError } from '../store/redis/store-timeout.error';
+import { ReplicaShortfallError, StoreTimeoutError } from '../store/store-errors';
 
 /**
  * A store failure as the caller sees it. The message may reach an HTTP client (Nest 11's default

@@ -3,9 +3,9 @@ import { Handle } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
 import { wakeOrTimeout } from '../core/wake-or-timeout';
 import { type ResolvedLockOptions, shareOf } from '../module/dislock.options';
-import type { Grant, LinePlace, LockStore, ReleaseWatch } from '../store/lock-store.interface';
+import type { Grant, LockStore, ReleaseWatch } from '../store/lock-store.interface';
 import type { ShutdownGate } from './shutdown-gate';
-import { WaitQueue } from './wait-queue';
+import { type LineSeat, WaitQueue } from './wait-queue';
 
 const now = (): number => performance.now();
 
@@ -19,22 +19,6 @@ const SUBSCRIBE_GRACE_MS = 100;
 /** Poll back-off while the release channel is not heard: 5, 10, 20, 40, 80, then 100 ms, each +-50 %. */
 function backoff(attempt: number): number {
   return Math.min(100, 5 * 2 ** Math.min(attempt, 8)) * (0.5 + Math.random());
-}
-
-/**
- * This process's waiting line for one lock as it stands in the store's line (see `LinePlace`), and
- * what its attempts have taught it about the grants a release may hand it.
- */
-export interface LineSeat extends LinePlace {
-  /** When the line's last attempt that did not take the lock was sent. */
-  missedAt: number;
-  /**
-   * The store's last fencing token when that attempt was refused: a grant with a larger token
-   * was made after it, so its lease runs at least until `missedAt` + the grant's lease.
-   */
-  missedToken: number;
-  /** The largest fencing token the line has been given: a grant with no larger one was taken up already. */
-  floor: number;
 }
 
 /** What the line asks to take the lock when a waiter's turn comes. */
@@ -107,9 +91,10 @@ export class WaitLine {
     /** The place the caller's first attempt took in the store's line, if it took one. */
     placed?: { readonly place: LineSeat; readonly ttl: number },
   ): Promise<Handle | null> {
+    const shared = shareOf(options) !== undefined;
     let queue = this.queues.get(key);
     if (!queue) {
-      const place = placed?.place ?? this.newSeat(shareOf(options) !== undefined);
+      const place = placed?.place ?? this.newSeat(shared);
       // Outside the caller's lock scope: the subscriber connection this may open outlives the call.
       queue = new WaitQueue(
         place,
@@ -122,7 +107,6 @@ export class WaitLine {
       placed = undefined;
     }
     let holding = false;
-    const shared = shareOf(options) !== undefined;
     const stop = new AbortController();
     const abort = (): void => stop.abort();
     cancel?.addEventListener('abort', abort, { once: true });

@@ -31,7 +31,7 @@ import { clientKeyPrefix, closeRedis, isClusterClient, type RedisClient, scrubCr
 import { ReleaseEchoes } from './release-echoes';
 import type { ReplicaAck } from './replica-ack';
 import { ReleaseSubscriber } from './release-subscriber';
-import { StoreTimeoutError } from './store-timeout.error';
+import { StoreTimeoutError } from '../store-errors';
 
 const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
   0: 'not-owner',

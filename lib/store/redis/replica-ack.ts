@@ -2,22 +2,8 @@ import type { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
 import type { ReplicaAckOptions } from '../../module/dislock.options';
 import { keySlot } from './fence-key';
+import { ReplicaShortfallError } from '../store-errors';
 import { clientKeyPrefix, isClusterClient, type RedisClient } from './redis-client';
-
-/**
- * Fewer replicas than asked confirmed an acquisition in time. Thrown by the store (the hold has
- * been given back); `LockService` turns it into the public `ReplicationNotConfirmedError`.
- */
-export class ReplicaShortfallError extends Error {
-  constructor(
-    readonly confirmed: number,
-    readonly required: number,
-    readonly timeoutMs: number,
-  ) {
-    super(`${confirmed} of ${required} replica(s) confirmed the lock within ${timeoutMs} ms`);
-    this.name = 'ReplicaShortfallError';
-  }
-}
 
 /**
  * Replica acknowledgement of acquisitions. Redis replicates asynchronously: a lock taken just

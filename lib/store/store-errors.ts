@@ -1,0 +1,38 @@
+/*
+ * The failures a store reports besides the public errors (`RedlockQuorumError`): store-level facts
+ * that `LockService` turns into what its caller sees (see `redisFailed`). Any store may throw them.
+ */
+
+/**
+ * Thrown by a store when its backend does not answer within `operationTimeout`. Its message names the
+ * connection error of a client the store created (if any), for logs; `LockService` keeps it as the `cause`
+ * of a `RedisUnavailableError` whose own message tells only `timeoutMs`.
+ */
+export class StoreTimeoutError extends Error {
+  constructor(
+    /** The `operationTimeout` that ran out, in ms. */
+    readonly timeoutMs: number,
+    connectionError?: Error,
+  ) {
+    super(
+      `Redis did not answer within ${timeoutMs} ms` +
+        (connectionError ? ` (the connection is down: ${connectionError.message})` : ''),
+    );
+    this.name = 'StoreTimeoutError';
+  }
+}
+
+/**
+ * Fewer replicas than asked confirmed an acquisition in time. Thrown by the store (the hold has
+ * been given back); `LockService` turns it into the public `ReplicationNotConfirmedError`.
+ */
+export class ReplicaShortfallError extends Error {
+  constructor(
+    readonly confirmed: number,
+    readonly required: number,
+    readonly timeoutMs: number,
+  ) {
+    super(`${confirmed} of ${required} replica(s) confirmed the lock within ${timeoutMs} ms`);
+    this.name = 'ReplicaShortfallError';
+  }
+}
