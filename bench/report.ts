@@ -86,26 +86,31 @@ const CLUSTER_HEADER = ['busiest master %', 'MOVED/ASK'];
 const CLUSTER_NOTE =
   'busiest master: its share of the Redis calls (INFO commandstats summed over the 3 masters; 33% = even). MOVED/ASK: redirections the masters answered in the window (INFO errorstats).';
 
+/** One row of an uncontended table: throughput, latency and cost, with ratios to the cell's baseline. */
+function cyclesRow(outcome: Outcome, index: Map<string, Outcome>): string[] {
+  const m = outcome.median;
+  const base = index.get(baselineId(outcome.spec))?.median;
+  return [
+    outcome.spec.contender + failedNote(outcome),
+    String(outcome.spec.workers),
+    fmt(m.cyclesPerSec),
+    spread(outcome, 'cyclesPerSec'),
+    ratio(m.cyclesPerSec, base?.cyclesPerSec),
+    fmt(m.p50Us),
+    fmt(m.p99Us),
+    fmt(m.cpuUsPerCycle),
+    ratio(m.cpuUsPerCycle, base?.cpuUsPerCycle),
+    fmt(m.roundTripsPerCycle),
+    fmt(m.redisCallsPerCycle),
+    fmt((m.failures ?? 0) + (m.errors ?? 0), 0),
+  ];
+}
+
 function uncontendedTable(outcomes: readonly Outcome[], index: Map<string, Outcome>, cluster = false): Table {
-  const rows = outcomes.map((outcome) => {
-    const m = outcome.median;
-    const base = index.get(baselineId(outcome.spec))?.median;
-    return [
-      outcome.spec.contender + failedNote(outcome),
-      String(outcome.spec.workers),
-      fmt(m.cyclesPerSec),
-      spread(outcome, 'cyclesPerSec'),
-      ratio(m.cyclesPerSec, base?.cyclesPerSec),
-      fmt(m.p50Us),
-      fmt(m.p99Us),
-      fmt(m.cpuUsPerCycle),
-      ratio(m.cpuUsPerCycle, base?.cpuUsPerCycle),
-      fmt(m.roundTripsPerCycle),
-      fmt(m.redisCallsPerCycle),
-      fmt((m.failures ?? 0) + (m.errors ?? 0), 0),
-      ...(cluster ? clusterColumns(m) : []),
-    ];
-  });
+  const rows = outcomes.map((outcome) => [
+    ...cyclesRow(outcome, index),
+    ...(cluster ? clusterColumns(outcome.median) : []),
+  ]);
   return {
     title: cluster
       ? 'Cluster, uncontended: acquire + release on distinct keys, Redis Cluster of 3 masters'
@@ -370,24 +375,7 @@ function familyCyclesTable(
   index: Map<string, Outcome>,
   baseLabel: string,
 ): Pick<Table, 'header' | 'rows'> {
-  const rows = outcomes.map((outcome) => {
-    const m = outcome.median;
-    const base = index.get(baselineId(outcome.spec))?.median;
-    return [
-      outcome.spec.contender + failedNote(outcome),
-      String(outcome.spec.workers),
-      fmt(m.cyclesPerSec),
-      spread(outcome, 'cyclesPerSec'),
-      ratio(m.cyclesPerSec, base?.cyclesPerSec),
-      fmt(m.p50Us),
-      fmt(m.p99Us),
-      fmt(m.cpuUsPerCycle),
-      ratio(m.cpuUsPerCycle, base?.cpuUsPerCycle),
-      fmt(m.roundTripsPerCycle),
-      fmt(m.redisCallsPerCycle),
-      fmt((m.failures ?? 0) + (m.errors ?? 0), 0),
-    ];
-  });
+  const rows = outcomes.map((outcome) => cyclesRow(outcome, index));
   const header = [
     'contender',
     'conc',
