@@ -28,7 +28,8 @@
  *
  * Modes: `service` (`LockService.tryLock` + `release()`), `lock` (`LockService.lock` + `release()`,
  * as the benchmark cell does), `decorator` (an `async` `@DisLock` method), `raw` (two EVALSHA
- * round trips, the benchmark's ceiling).
+ * round trips, the benchmark's ceiling). `--permits 4` takes a semaphore's permit instead of a plain
+ * lock, `--read` a reader's hold (modes `service` and `lock`).
  */
 import { AsyncLocalStorage, createHook } from 'node:async_hooks';
 import { writeFileSync } from 'node:fs';
@@ -87,6 +88,10 @@ async function main(): Promise<void> {
       telemetry: { type: 'string', default: 'default' },
       // A listener on every lock event type, doing nothing.
       listeners: { type: 'boolean', default: false },
+      // A semaphore of this many permits instead of a plain lock (modes service and lock).
+      permits: { type: 'string' },
+      // A reader of a read-write lock instead of a plain lock (modes service and lock).
+      read: { type: 'boolean', default: false },
     },
   });
   if (values.telemetry === 'sdk') await registerSdk();
@@ -128,7 +133,11 @@ async function main(): Promise<void> {
     // The lock scripts: acquire names 4 keys (the lock, its slot's fencing counter and the two keys
     // of its line of waiters), release 3 (the lock and the line's keys).
     if (values['fake-redis']) fakeEvalsha(client, (args) => (Number(args[1]) >= 4 ? [1, (token += 1)] : 1));
-    const options = { expire: LEASE_MS };
+    const options = {
+      expire: LEASE_MS,
+      ...(values.permits !== undefined && { permits: Number(values.permits) }),
+      ...(values.read && { mode: 'read' as const }),
+    };
     if (values.mode === 'service') {
       cycle = async (key) => {
         const handle = await locks.tryLock(`k:${key}`, options);
