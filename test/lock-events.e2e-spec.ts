@@ -112,7 +112,11 @@ describe('lock events (LockService.on) on a real Redis', () => {
     expect((events[1] as LockEvent<'acquired'>).reentrant).toBe(true);
     const renewed = events.filter((e): e is LockEvent<'renewed'> => e.type === 'renewed');
     expect(renewed.length).toBeGreaterThanOrEqual(3);
-    for (const event of renewed) expect(event.lagMs).toBeLessThan(100);
+    // How late each renewal ran after it fell due: under the lease (else the lock was lost), and
+    // near zero for most (a busy machine may stall one timer by ~100 ms).
+    for (const event of renewed) expect(event.lagMs).toBeGreaterThanOrEqual(0);
+    for (const event of renewed) expect(event.lagMs).toBeLessThan(300);
+    expect(Math.min(...renewed.map((event) => event.lagMs))).toBeLessThan(50);
     expect(events.find((e) => e.type === 'lost')).toMatchObject({ reason: 'not-owner' });
     expect(events.some((e) => e.type === 'released')).toBe(false); // a lost lock is not released
   });

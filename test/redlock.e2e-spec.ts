@@ -272,7 +272,7 @@ describe.each([3, 5])('Redlock over %i nodes', (count) => {
     expect(lostReason(await abortReason(held.signal, 2_000))).toBe('expired');
     const after = performance.now() - t0;
     expect(after).toBeGreaterThan(700); // 1000 - (1000 × 0.2 + 2) = 798 ms after the send
-    expect(after).toBeLessThan(900); // not 1000 - (2 + 1 %) = 988 ms
+    expect(after).toBeLessThan(950); // not 1000 - (2 + 1 %) = 988 ms (a timer may fire late, never early)
     for (const client of clients) expect(await client.pttl(prefix + name)).toBeGreaterThan(0); // still in Redis
   });
 
