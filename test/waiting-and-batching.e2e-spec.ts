@@ -14,6 +14,7 @@ import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
 import { abortReason, lostReason, settle } from './support/async';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
+import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared.script';
 import type { LuaScript } from '../lib/store/redis/scripts/lua-script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
@@ -188,7 +189,9 @@ describe('waiting without polling, and the batched watchdog', () => {
     server = await RedisServer.start();
     redis = server.client();
     // Scripts loaded up front: MONITOR then sees one EVALSHA per script call, never a NOSCRIPT + EVAL pair.
-    for (const script of [ACQUIRE_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT]) await redis.script('LOAD', script.source);
+    for (const script of [ACQUIRE_SCRIPT, ACQUIRE_SHARED_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT]) {
+      await redis.script('LOAD', script.source);
+    }
     mon = await Monitor.start(server, redis);
     a = await createTestApp([Decorated], { redis: server.url, keyPrefix: PREFIX });
     b = await createTestApp([], { redis: server.url, keyPrefix: PREFIX });
@@ -459,6 +462,58 @@ describe('waiting without polling, and the batched watchdog', () => {
         await previous.release();
       },
     );
+
+    it('a freed permit wakes the head of the line alone: 3 applications wait for a semaphore, one attempt per release', async () => {
+      const c = await createTestApp([], { redis: server.url, keyPrefix: PREFIX });
+      try {
+        const name = fresh('permit-herd');
+        const permit = { permits: 1, lockWatchdogTimeout: 20_000 } as const;
+        const holder = await a.locks.lock(name, permit);
+        const startedAt = performance.now();
+        const waiters: Promise<LockHandle | null>[] = [];
+        /** The place in the store's line an acquire-shared call was made for (its ARGV[3]). */
+        const seatOf = (args: Line): string | undefined => args[3 + Number(args[2]) + 2];
+        const seats: (string | undefined)[] = [];
+        // One waiter per application, in this order in the store's line (each asleep before the next).
+        for (const [i, app] of [b, a, c].entries()) {
+          const from = await mon.sync();
+          waiters.push(app.locks.tryLock(name, { ...permit, waitTime: 10_000 }));
+          const inLine = (): boolean => calls(mon.since(from), ACQUIRE_SHARED_SCRIPT, key(name)).length >= 2;
+          expect({ i, inLine: await eventually(inLine, 2_000) }).toEqual({ i, inLine: true });
+          seats.push(seatOf(calls(mon.since(from), ACQUIRE_SHARED_SCRIPT, key(name))[0]));
+        }
+        expect(new Set(seats).size).toBe(3);
+        // Each waiter refreshes its place every lineRefreshMs (1 s) with an attempt: release midway
+        // between two of those, so that an attempt seen after the release is one it woke.
+        await sleep(Math.max(0, startedAt + REFRESH_MIDWAY_MS - performance.now()));
+
+        const releaseFrom = await mon.sync();
+        expect(await holder.release()).toBe(true);
+        const head = await waiters[0];
+        expect(head).not.toBeNull();
+        await sleep(200); // the two behind it stay asleep: the semaphore is full again
+        const attempts = calls(await mon.window(releaseFrom), ACQUIRE_SHARED_SCRIPT, key(name)).map(seatOf);
+        // The head's application looked, and took the permit. The third did not look at all (before,
+        // every waiting application did, and all but one were sent back to their place); the second
+        // may look once the head's turn has passed, in case the head had gone.
+        expect(attempts.filter((seat) => seat === seats[0])).toHaveLength(1);
+        expect(attempts.filter((seat) => seat === seats[2])).toHaveLength(0);
+        expect(await redis.hexists(key(name), (head as LockHandle).owner)).toBe(1);
+
+        // The rest follow in line order, each woken by the release before it.
+        const second = waiters[1];
+        expect(await (head as LockHandle).release()).toBe(true);
+        const next = await second;
+        expect(next).not.toBeNull();
+        expect(await (next as LockHandle).release()).toBe(true);
+        const last = await waiters[2];
+        expect(last).not.toBeNull();
+        expect(await (last as LockHandle).release()).toBe(true);
+        expect(await redis.exists(key(name))).toBe(0);
+      } finally {
+        await c.close();
+      }
+    });
   });
 
   describe('between processes', () => {

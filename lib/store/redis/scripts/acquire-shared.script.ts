@@ -1,5 +1,6 @@
 import {
   DROP_LAPSED_LUA,
+  LINE_HEAD_LUA,
   NEXT_TOKEN_LUA,
   PUBLISH_LUA,
   RAISE_UNLESS_WRONGTYPE_LUA,
@@ -38,7 +39,8 @@ import { LuaScript } from './lua-script';
  *
  * A waiter whose line was granted an exclusive hold (see GRANT_LUA) takes the grant up, as a
  * shared hold. A waiter that takes a hold leaves the line; if others wait behind it and a hold is
- * still free, it announces so (`message:::`): the next one looks at once.
+ * still free, it announces so, naming the new head of the line (`message:head:second:`, see
+ * GRANT_LUA): that one looks at once.
  *
  * Changing the bound for a name that has holders is defined by each attempt: it is taken while
  * fewer holds than the attempt's own bound are live, so a lower bound admits nobody new until
@@ -109,7 +111,8 @@ record(owner, string.format('%.0f', token))
 -- A waiter that took a hold (from the head of the line, or by taking up a grant, which had
 -- already taken it out of the line) leaves room behind it: the next in line looks at once.
 if waiter ~= '' and (limit == 0 or live + 1 < limit) and redis.call('exists', line) == 1 then
-  local message, sharded = ARGV[6] .. ':::', ARGV[5]
+  ${LINE_HEAD_LUA}
+  local message, sharded = ARGV[6] .. ':' .. head .. ':' .. second .. ':', ARGV[5]
   ${PUBLISH_LUA('message')}
 end
 return {1, token}

@@ -75,15 +75,16 @@ end
  * lock from then on, with no round trip of its own; its first renewal takes the grant up (the
  * value becomes 1) and sets the lease it asked for. A head that died holds the lock up for only
  * `grant` ms: the second in line, named in the announcement, looks once that has passed.
- * Nobody in the line, or a shared waiter at its head (a reader or a semaphore's: its waiting line's
- * id starts with 's', see `WaitLine.newSeat`): `message:::`, and every local waiter looks.
+ * A shared waiter at the head (a reader or a semaphore's: its waiting line's id starts with 's', see
+ * `WaitLine.newSeat`) is granted nothing, since it takes a shared hold: `message:head:second:`
+ * (no token) wakes its process alone, to look at once, and the second in line later, in case the
+ * head is gone; the other waiters sleep on. Nobody in the line: `message:::`, and everyone looks.
  */
 export const GRANT_LUA = `
 local head, second, granted = '', '', ''
 local first = waiting and redis.call('zrange', line, 0, 1) or {}
--- a shared waiter (its id starts with 's') is not granted an exclusive hold: everyone looks
-if first[1] and string.sub(first[1], 1, 1) ~= 's' then
-  head, second = first[1], first[2] or ''
+if first[1] then head, second = first[1], first[2] or '' end
+if head ~= '' and string.sub(head, 1, 1) ~= 's' then
   local now = redis.call('time')
   ${NEXT_TOKEN_LUA}
   granted = string.format('%.0f', token)
@@ -102,6 +103,20 @@ if first[1] and string.sub(first[1], 1, 1) ~= 's' then
 end
 local announcement = message .. ':' .. head .. ':' .. second .. ':' .. granted
 ${PUBLISH_LUA('announcement')}
+`;
+
+/**
+ * Sets `head` and `second` to the first two places of the lock's line after dropping the lapsed
+ * ones ('' where there are fewer), for an announcement that names who looks first (see GRANT_LUA).
+ * Expects `line`, `deadlines` and `ms` (the server's time in ms) as locals.
+ */
+export const LINE_HEAD_LUA = `
+local head, second = '', ''
+if redis.call('exists', line) == 1 then
+  ${DROP_LAPSED_LUA}
+  local first = redis.call('zrange', line, 0, 1)
+  head, second = first[1] or '', first[2] or ''
+end
 `;
 
 /**

@@ -1,4 +1,4 @@
-import { HAND_ON_LUA, PUBLISH_LUA, SERVER_MS_LUA, SETTLE_SHARED_LUA } from './line.lua';
+import { HAND_ON_LUA, LINE_HEAD_LUA, PUBLISH_LUA, SERVER_MS_LUA, SETTLE_SHARED_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -21,7 +21,7 @@ import { LuaScript } from './lua-script';
  * when the key was deleted and the release announced: head and second name the first two
  * waiters in the line ('' when there are fewer); token is the fencing token of the grant to the
  * head ('' when nobody waits, or nobody is granted: a shared hold freed while others remain, or a
- * shared waiter at the head).
+ * shared waiter at the head, which is named to look first).
  *
  * Idempotent: a re-sent copy finds the owner gone and changes nothing (it answers 0; the store
  * tells that apart from a lock lost before its release, see RedisLockStore.release). The hold
@@ -45,9 +45,10 @@ if tonumber(held) > 1 then
   local ms = ${SERVER_MS_LUA}
   ${SETTLE_SHARED_LUA}
   if live > 0 then
-    local announcement = message .. ':::'
+    ${LINE_HEAD_LUA}
+    local announcement = message .. ':' .. head .. ':' .. second .. ':'
     ${PUBLISH_LUA('announcement')}
-    return {1, '', '', ''}
+    return {1, head, second, ''}
   end
 else
   redis.call('del', key)
