@@ -6,6 +6,7 @@ import { fenceKeyFor, lineKeysFor } from '../lib/store/redis/fence-key';
 import { GRANT_MS, PLACE_MS, RedisLockStore } from '../lib/store/redis/redis-lock.store';
 import type { AcquireOptions, AcquireResult, RenewOutcome, RenewRequest } from '../lib/store/lock-store.interface';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
+import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared.script';
 import { LEAVE_SCRIPT } from '../lib/store/redis/scripts/leave.script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
@@ -236,6 +237,66 @@ describe('grants: a release hands the lock to the head of its line', () => {
       } finally {
         channel.stop();
       }
+    });
+
+    describe('shared holds: the head of the line is named, never granted', () => {
+      /** {1, token}, or {0, ms or -3, the slot's last token}; `permits` 0: a reader. */
+      const acquireShared = (owner: string, waiter: string, permits: number): Promise<number[]> =>
+        ACQUIRE_SHARED_SCRIPT.run(redis, k.all, [owner, 10_000, waiter, PLACE_MS, 0, NOTICE, permits]) as Promise<
+          number[]
+        >;
+      /** A waiting line whose process began with a shared waiter (see WaitLine.newSeat). */
+      const sharedWaiterId = (): string => `s${waiterId()}`;
+
+      it('a permit freed while others hold names the head and the second; the head leaving names the next; nobody else is told', async () => {
+        const [A, B, C] = [sharedWaiterId(), sharedWaiterId(), sharedWaiterId()];
+        expect((await acquireShared('p1', '', 2))[0]).toBe(1);
+        expect((await acquireShared('p2', '', 2))[0]).toBe(1);
+        for (const waiter of [A, B, C]) expect((await acquireShared(`attempt-of-${waiter}`, waiter, 2))[0]).toBe(0);
+        expect((await line()).order).toEqual([A, B, C]);
+        const channel = await listen();
+        try {
+          expect(await release('p1')).toEqual([1, A, B, '']);
+          expect(Object.keys(await redis.hgetall(k.key))).toEqual(['p2']); // nothing granted
+          expect((await line()).order).toEqual([A, B, C]); // the head takes its permit itself
+          // C gives up: it headed nothing, nobody needs to hear of it.
+          expect(await leave(C)).toBe(0);
+          // A gives up before it took the permit it was told of: B heads the line now, and is told.
+          expect(await leave(A)).toBe(0);
+          expect(await eventually(() => channel.messages.length === 2, 1_000)).toBe(true);
+          expect(channel.messages).toEqual([`${NOTICE}:${A}:${B}:`, `${NOTICE}:${B}::`]);
+          // B takes the free permit; the semaphore is full again: nothing more is announced.
+          expect((await acquireShared(`attempt-of-${B}`, B, 2))[0]).toBe(1);
+          expect(await line()).toEqual({ order: [], deadlines: [] });
+          await sleep(50);
+          expect(channel.messages).toHaveLength(2);
+        } finally {
+          channel.stop();
+        }
+      });
+
+      it('a writer’s release with a reader at the head deletes the key and names the reader: no grant, no token', async () => {
+        const [R1, R2] = [sharedWaiterId(), sharedWaiterId()];
+        expect((await acquire('writer', 10_000, ''))[0]).toBe(1);
+        for (const waiter of [R1, R2]) expect((await acquireShared(`attempt-of-${waiter}`, waiter, 0))[0]).toBe(0);
+        const channel = await listen();
+        try {
+          expect(await release('writer')).toEqual([1, R1, R2, '']);
+          expect(await redis.exists(k.key)).toBe(0);
+          expect(await eventually(() => channel.messages.length === 1, 1_000)).toBe(true);
+          expect(channel.messages).toEqual([`${NOTICE}:${R1}:${R2}:`]);
+          // The head takes its read turn, and names the next reader, who may join it.
+          expect((await acquireShared(`attempt-of-${R1}`, R1, 0))[0]).toBe(1);
+          expect(await eventually(() => channel.messages.length === 2, 1_000)).toBe(true);
+          expect(channel.messages[1]).toBe(`${NOTICE}:${R2}::`);
+          expect((await acquireShared(`attempt-of-${R2}`, R2, 0))[0]).toBe(1);
+          expect(Object.keys(await redis.hgetall(k.key)).sort()).toEqual(
+            [`attempt-of-${R1}`, `attempt-of-${R2}`].sort(),
+          );
+        } finally {
+          channel.stop();
+        }
+      });
     });
   });
 

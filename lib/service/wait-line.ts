@@ -215,7 +215,7 @@ export class WaitLine {
   /**
    * A fresh place for a line in the store's line of waiters (not taken yet). A line that begins
    * with a shared waiter (a reader, a permit) has an id starting with 's': the store never grants
-   * it an exclusive hold, it announces the lock free to every waiter instead (see GRANT_LUA).
+   * it an exclusive hold, it names it in the announcement instead, to look at once (see GRANT_LUA).
    */
   newSeat(shared = false): LineSeat {
     const id = randomBytes(12).toString('hex');

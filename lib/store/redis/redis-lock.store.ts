@@ -244,8 +244,8 @@ export class RedisLockStore implements LockStore {
     }
     this.echoes.handled(message);
     // The lock went to the head of its line: if that is this process's line, its waiter holds it
-    // now; if nobody waits in the line, every local waiter looks; otherwise the announcement has
-    // told the head's process.
+    // now (or, waiting for a shared hold, looks at once); if nobody waits in the line, every local
+    // waiter looks; otherwise the announcement has told the head's process.
     this.releases.heard(this.releases.channelOf(key), head, second, granted);
     return result;
   }

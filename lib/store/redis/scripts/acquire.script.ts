@@ -80,7 +80,7 @@ if free and redis.call('exists', line) == 1 then
     end
     local message, sharded, grant, waiting = ARGV[6], ARGV[5], tonumber(ARGV[7]), true
     ${GRANT_LUA}
-    -- the grant's token is the slot's last one now
+    -- the grant's token is the slot's last one now (none when the head waits for a shared hold)
     return {0, -3, tonumber(granted)}
   end
   if head then

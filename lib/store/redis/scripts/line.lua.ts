@@ -78,7 +78,8 @@ end
  * A shared waiter at the head (a reader or a semaphore's: its waiting line's id starts with 's', see
  * `WaitLine.newSeat`) is granted nothing, since it takes a shared hold: `message:head:second:`
  * (no token) wakes its process alone, to look at once, and the second in line later, in case the
- * head is gone; the other waiters sleep on. Nobody in the line: `message:::`, and everyone looks.
+ * head has left the line (a head that died keeps its place until it lapses); the other waiters
+ * sleep on. Nobody in the line: `message:::`, and everyone looks.
  */
 export const GRANT_LUA = `
 local head, second, granted = '', '', ''

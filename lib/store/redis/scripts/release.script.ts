@@ -18,7 +18,8 @@ import { LuaScript } from './lua-script';
  * KEYS[5]  optional: the lock's info hash, where the owner's description is dropped
  *
  * Returns 0 when the caller does not hold the lock (nothing changed), {1, head, second, token}
- * when the key was deleted and the release announced: head and second name the first two
+ * when the key was deleted, or a shared hold dropped, and the release announced: head and second
+ * name the first two
  * waiters in the line ('' when there are fewer); token is the fencing token of the grant to the
  * head ('' when nobody waits, or nobody is granted: a shared hold freed while others remain, or a
  * shared waiter at the head, which is named to look first).
@@ -40,7 +41,8 @@ if type(held) ~= 'string' then
   return 0
 end
 if tonumber(held) > 1 then
-  -- a shared hold: drop it alone; while others hold on, a freed permit is announced to every waiter
+  -- a shared hold: drop it alone; while others hold on, a freed permit is announced to the head
+  -- of the line (who looks at once) and the second (who looks once the head's turn has passed)
   redis.call('hdel', key, ARGV[1])
   local ms = ${SERVER_MS_LUA}
   ${SETTLE_SHARED_LUA}
