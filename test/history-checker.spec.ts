@@ -107,12 +107,14 @@ describe('history checker', () => {
     });
 
     it('accepts it when a call under way at the release got the lock first, or one of unknown outcome may hold it', () => {
-      const slowReply = hold({ owner: 'c', worker: 2, start: 250, end: 260, token: 2, calledAt: 60 });
-      expect(rules([first, release, slowReply, waiter(400)])).toEqual([]);
-      const lateCaller = hold({ owner: 'c', worker: 2, start: 250, end: 260, token: 2, calledAt: 240 });
-      expect(rules([first, release, lateCaller, waiter(400)])).toEqual(['lost-wake-up']);
-      const unknown: HistoryEvent = { kind: 'unknown', worker: 2, name: 'n', from: 55, to: 360 };
-      expect(rules([first, release, unknown, waiter(400)])).toEqual([]);
+      // The other caller's hold begins after the margin; the waiter gets the lock later still.
+      const [start, end, last] = [50 + WAKE_MARGIN_MS + 60, 50 + WAKE_MARGIN_MS + 70, 50 + WAKE_MARGIN_MS * 3];
+      const slowReply = hold({ owner: 'c', worker: 2, start, end, token: 2, calledAt: 60 });
+      expect(rules([first, release, slowReply, waiter(last)])).toEqual([]);
+      const lateCaller = hold({ owner: 'c', worker: 2, start, end, token: 2, calledAt: 50 + WAKE_MARGIN_MS + 50 });
+      expect(rules([first, release, lateCaller, waiter(last)])).toEqual(['lost-wake-up']);
+      const unknown: HistoryEvent = { kind: 'unknown', worker: 2, name: 'n', from: 55, to: end };
+      expect(rules([first, release, unknown, waiter(last)])).toEqual([]);
     });
 
     it('accepts it when another owner took the lock in between, or a fault hit any process nearby', () => {

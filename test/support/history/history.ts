@@ -192,8 +192,16 @@ export interface CheckOptions {
   readonly operationTimeoutMs: number;
 }
 
-/** How long after a release a waiter must have the lock (or see someone else take it). */
-export const WAKE_MARGIN_MS = 100;
+/**
+ * How long after a release a waiter must have the lock (or see someone else take it). A wake-up
+ * that was lost shows as a second or more (the waiter's next refresh of its place in the line, or
+ * the holder's lease); a grant to a head that never takes it up as 270 ms (GRANT_MS and the
+ * second's look). A hand-over is a few ms on a quiet machine, but CI runs three worker processes,
+ * the proxies' process and two redis-servers on 2 cores, and fault-free runs there have taken 148
+ * and 170 ms (less the stalls the loops measured) now and then: a scheduling tail, not a path of
+ * the library. 200 ms keeps clear of that and still catches both kinds of loss.
+ */
+export const WAKE_MARGIN_MS = 200;
 
 /** How long after a holder's work ended (its `end`) its release, sent then, may still be on its way. */
 const RELEASE_SLACK_MS = 20;
