@@ -1,5 +1,5 @@
 import type { LockEventSubject, LockHoldKind } from '../events/lock-events';
-import { holdKindOf, type ResolvedLockOptions } from '../module/dislock.options';
+import { eventSubjectOf, holdKindOf, type ResolvedLockOptions } from '../module/dislock.options';
 import type { Scheduled } from './due-heap';
 import type { WatchdogDue } from './watchdog';
 
@@ -165,7 +165,7 @@ export class HeldLock implements Scheduled {
 
   /** Which lock, for its events. */
   get eventBase(): LockEventSubject {
-    return { name: this.name, key: this.key, kind: this.kind, label: this.options.label };
+    return eventSubjectOf(this.name, this.key, this.options);
   }
 
   /** Whether the watchdog renews this lock (no fixed `expire`). */

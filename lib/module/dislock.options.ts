@@ -1,6 +1,6 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
 import type { LockLostHandler } from '../core/lock-lost.event';
-import type { LockHoldKind } from '../events/lock-events';
+import type { LockEventSubject, LockHoldKind } from '../events/lock-events';
 import type { LockStore } from '../store/lock-store.interface';
 
 /** A key template over the method's arguments (`'order:{0}'`, `'user:{0.id}'`) or a function of them. */
@@ -236,6 +236,11 @@ export function holdLimitOf(options: ResolvedLockOptions): number {
 export function holdKindOf(options: ResolvedLockOptions): LockHoldKind {
   if (options.permits > 0) return 'permit';
   return options.mode === 'read' ? 'read' : 'exclusive';
+}
+
+/** Which lock an event is about: its name, key, how it is held and its label. */
+export function eventSubjectOf(name: string, key: string, options: ResolvedLockOptions): LockEventSubject {
+  return { name, key, kind: holdKindOf(options), label: options.label };
 }
 
 /**

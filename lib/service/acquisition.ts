@@ -6,7 +6,7 @@ import { InvalidLockOptionsError, LockUpgradeError } from '../errors';
 import type { LockEvents, LockEventSubject } from '../events/lock-events';
 import { hostname } from 'node:os';
 import {
-  holdKindOf,
+  eventSubjectOf,
   holdLimitOf,
   type ResolvedLockOptions,
   type ResolvedModuleOptions,
@@ -197,7 +197,7 @@ export class Acquisition implements Attempter {
   }
 
   private eventBase(name: string, options: ResolvedLockOptions): LockEventSubject {
-    return { name, key: this.options.keyPrefix + name, kind: holdKindOf(options), label: options.label };
+    return eventSubjectOf(name, this.options.keyPrefix + name, options);
   }
 
   /**

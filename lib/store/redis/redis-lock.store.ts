@@ -255,11 +255,10 @@ export class RedisLockStore implements LockStore {
   }
 
   async inspect(key: string): Promise<StoredLock> {
-    const slotKey = this.clientPrefix + key;
-    const [line] = lineKeysFor(this.keyPrefix, slotKey, key);
+    const [, , line, , info] = this.lineScriptKeys(key);
     const [type, pttl, fields, described, waiting, serverMs] = (await this.run(
       INSPECT_SCRIPT,
-      [key, infoKeyFor(this.keyPrefix, slotKey, key), line],
+      [key, info, line],
       [],
     )) as [string, number, string[], string[], number, string];
     const descriptions = pairs(described);
@@ -281,12 +280,11 @@ export class RedisLockStore implements LockStore {
   }
 
   async forceUnlock(key: string): Promise<StoredHold[]> {
-    const [line, deadlines] = lineKeysFor(this.keyPrefix, this.clientPrefix + key, key);
-    const [fields, described] = (await this.run(
-      FORCE_UNLOCK_SCRIPT,
-      [key, fenceKeyFor(this.keyPrefix, this.clientPrefix + key), line, deadlines, this.infoKey(key)],
-      [this.echoes.expect(false), this.sharded, GRANT_MS],
-    )) as [string[], string[]];
+    const [fields, described] = (await this.run(FORCE_UNLOCK_SCRIPT, this.lineScriptKeys(key), [
+      this.echoes.expect(false),
+      this.sharded,
+      GRANT_MS,
+    ])) as [string[], string[]];
     this.releases.wakeLocal(key);
     return [...pairs(fields)].map(([owner, value], i) => ({
       owner,
@@ -339,10 +337,6 @@ export class RedisLockStore implements LockStore {
       ...lineKeysFor(this.keyPrefix, slotKey, key),
       infoKeyFor(this.keyPrefix, slotKey, key),
     ];
-  }
-
-  private infoKey(key: string): string {
-    return infoKeyFor(this.keyPrefix, this.clientPrefix + key, key);
   }
 
   /**

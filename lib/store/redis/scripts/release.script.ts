@@ -19,8 +19,7 @@ import { LuaScript } from './lua-script';
  *
  * Returns 0 when the caller does not hold the lock (nothing changed), {1, head, second, token}
  * when the key was deleted, or a shared hold dropped, and the release announced: head and second
- * name the first two
- * waiters in the line ('' when there are fewer); token is the fencing token of the grant to the
+ * name the first two waiters in the line ('' when there are fewer); token is the fencing token of the grant to the
  * head ('' when nobody waits, or nobody is granted: a shared hold freed while others remain, or a
  * shared waiter at the head, which is named to look first).
  *
