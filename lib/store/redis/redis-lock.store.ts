@@ -280,19 +280,18 @@ export class RedisLockStore implements LockStore {
   }
 
   async forceUnlock(key: string): Promise<StoredHold[]> {
-    const [fields, described] = (await this.run(FORCE_UNLOCK_SCRIPT, this.lineScriptKeys(key), [
+    // Read first, then drop exactly the holds read: a script that dropped whatever it found would,
+    // re-sent after a lost reply, drop the hold its first run had handed the lock to.
+    const { holds } = await this.inspect(key);
+    if (holds.length === 0) return [];
+    await this.run(FORCE_UNLOCK_SCRIPT, this.lineScriptKeys(key), [
       this.echoes.expect(false),
       this.sharded,
       GRANT_MS,
-    ])) as [string[], string[]];
+      ...holds.map((hold) => hold.owner),
+    ]);
     this.releases.wakeLocal(key);
-    return [...pairs(fields)].map(([owner, value], i) => ({
-      owner,
-      exclusive: Number(value) <= 1,
-      ttl: 0,
-      granted: value === '0',
-      recorded: parseRecord(described[i] || undefined),
-    }));
+    return holds.map((hold) => ({ ...hold, ttl: 0 }));
   }
 
   async health(): Promise<StoreHealth> {
