@@ -171,7 +171,9 @@ export class MemoryLockStore implements LockStore {
     const index = entry.line.findIndex((place) => place.id === waiter);
     if (index !== -1) entry.line.splice(index, 1);
     this.prune(entry, now());
-    if (index === 0 && entry.holds.size === 0) this.announce(entry);
+    // The head left: the next one looks (as on Redis, where the leave names it), whether the lock
+    // is free or shared holds leave room for it.
+    if (index === 0) this.announce(entry);
     this.tidy(key, entry);
   }
 
