@@ -27,6 +27,7 @@ import { LuaScript } from './lua-script';
  * ARGV[7]  the most shared holds the caller allows at once: a semaphore's permits; 0, no bound
  *          (readers)
  * KEYS[5]  optional: the lock's info hash, ARGV[8] and ARGV[9] as in acquire.script.ts
+ * ARGV[10] ms a head named to look has to do so before its place lapses (see HEAD_TURN_LUA)
  *
  * Returns {1, token} when taken; {0, pttl, last} when an exclusive hold (a writer) has the key, or
  * a key of another type, pttl its remaining lease; {0, ms, last} when ARGV[7] shared holds have
@@ -54,7 +55,7 @@ export const ACQUIRE_SHARED_SCRIPT = new LuaScript(
   `
 local key, fence, owner, waiter = KEYS[1], KEYS[2], ARGV[1], ARGV[3]
 local line, deadlines = KEYS[3], KEYS[4]
-local lease, limit = tonumber(ARGV[2]), tonumber(ARGV[7])
+local lease, limit, grant = tonumber(ARGV[2]), tonumber(ARGV[7]), tonumber(ARGV[10])
 local now = redis.call('time')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 ${TAKE_PLACE_LUA}

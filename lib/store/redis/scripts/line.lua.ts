@@ -10,6 +10,12 @@ if type(${reply}) == 'table' and ${reply}.err then
 end
 `;
 
+/** A Lua expression: the server's time in ms. */
+export const SERVER_MS_LUA = `(function()
+  local clock = redis.call('time')
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+end)()`;
+
 /**
  * Drops the places that have lapsed from a lock's line. Expects `line`, `deadlines` (see
  * acquire.script.ts) and `ms` (the server's time in ms) as locals.
@@ -59,6 +65,20 @@ end
 `;
 
 /**
+ * The head of the line (`head`, '' for none) has been named to look at once, not granted anything
+ * (it waits for a shared hold, see GRANT_LUA): its place now lapses within `grant` ms unless its
+ * attempt comes and renews it. A head that died then holds a free lock up no longer than a grant
+ * to a dead writer does, instead of until its place would have lapsed (PLACE_MS). Expects `head`,
+ * `deadlines`, `ms` (the server's time in ms) and `grant` as locals.
+ */
+export const HEAD_TURN_LUA = `
+if head ~= '' and grant then
+  local lapses = tonumber(redis.call('zscore', deadlines, head))
+  if lapses and lapses > ms + grant then redis.call('zadd', deadlines, ms + grant, head) end
+end
+`;
+
+/**
  * The Lua shared by release, leave and acquire: a lock is free; hand it to the head of its line,
  * and announce that.
  *
@@ -71,15 +91,17 @@ end
  * With someone in the line, the lock is granted to its head: the hash gets the field
  * `<head>:<token>` (the head's owner id for this grant, unique because the token is) with the
  * value 0 (granted, not yet taken up), a lease of `grant` ms and a fresh fencing token; the head
- * leaves the line. The head's process learns it from `message:head:second:token` and holds the
- * lock from then on, with no round trip of its own; its first renewal takes the grant up (the
- * value becomes 1) and sets the lease it asked for. A head that died holds the lock up for only
- * `grant` ms: the second in line, named in the announcement, looks once that has passed.
+ * leaves the line. The head's process learns it from `message:head:second:token` (or from the
+ * release's own reply) and its next attempt takes the grant up (see acquire.script.ts): the hold
+ * starts on that attempt's answer, with the attempt's own lease; nobody holds a lock on a grant
+ * alone. A head that died holds the lock up for only `grant` ms: the second in line, named in the
+ * announcement, looks once that has passed.
  * A shared waiter at the head (a reader or a semaphore's: its waiting line's id starts with 's', see
  * `WaitLine.newSeat`) is granted nothing, since it takes a shared hold: `message:head:second:`
  * (no token) wakes its process alone, to look at once, and the second in line later, in case the
- * head has left the line (a head that died keeps its place until it lapses); the other waiters
- * sleep on. Nobody in the line: `message:::`, and everyone looks.
+ * head has left the line; the head's place lapses within `grant` ms unless it looks
+ * (HEAD_TURN_LUA), so a head that died holds the lock up no longer than a dead writer's grant.
+ * The other waiters sleep on. Nobody in the line: `message:::`, and everyone looks.
  */
 export const GRANT_LUA = `
 local head, second, granted = '', '', ''
@@ -101,6 +123,9 @@ if head ~= '' and string.sub(head, 1, 1) ~= 's' then
   redis.call('pexpire', key, grant)
   redis.call('zrem', line, head)
   redis.call('zrem', deadlines, head)
+elseif head ~= '' then
+  local ms = ${SERVER_MS_LUA}
+  ${HEAD_TURN_LUA}
 end
 local announcement = message .. ':' .. head .. ':' .. second .. ':' .. granted
 ${PUBLISH_LUA('announcement')}
@@ -108,8 +133,9 @@ ${PUBLISH_LUA('announcement')}
 
 /**
  * Sets `head` and `second` to the first two places of the lock's line after dropping the lapsed
- * ones ('' where there are fewer), for an announcement that names who looks first (see GRANT_LUA).
- * Expects `line`, `deadlines` and `ms` (the server's time in ms) as locals.
+ * ones ('' where there are fewer), for an announcement that names who looks first (see GRANT_LUA);
+ * the head's place then lapses within `grant` ms unless it looks (HEAD_TURN_LUA). Expects `line`,
+ * `deadlines`, `ms` (the server's time in ms) and `grant` as locals.
  */
 export const LINE_HEAD_LUA = `
 local head, second = '', ''
@@ -117,6 +143,7 @@ if redis.call('exists', line) == 1 then
   ${DROP_LAPSED_LUA}
   local first = redis.call('zrange', line, 0, 1)
   head, second = first[1] or '', first[2] or ''
+  ${HEAD_TURN_LUA}
 end
 `;
 
@@ -216,9 +243,3 @@ local function forget(who)
   if KEYS[5] then redis.call('hdel', KEYS[5], who) end
 end
 `;
-
-/** A Lua expression: the server's time in ms. */
-export const SERVER_MS_LUA = `(function()
-  local clock = redis.call('time')
-  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-end)()`;
