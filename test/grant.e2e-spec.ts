@@ -11,20 +11,18 @@ import { LEAVE_SCRIPT } from '../lib/store/redis/scripts/leave.script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
 import { createTestApp, type TestApp } from './support/app';
-import { lostReason, settle, waitFor } from './support/async';
+import { settle, waitFor } from './support/async';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep, uniquePrefix } from './support/shared-redis';
 
 /**
  * Grants: a release (or a leave, or an acquire that finds the lock free with a line) hands the
  * lock straight to the head of the lock's Redis line. First the scripts on their own (what Redis
- * holds after each step), then through LockService: the head's process holds the lock under
- * `<waiter>:<token>` and its first renewal takes the grant up. Everything runs on this file's own
+ * holds after each step), then through LockService: the head's process wakes, and its next
+ * attempt takes the grant up: the hold starts on that attempt's answer. Everything runs on this file's own
  * redis-server.
  */
 
-/** The owner id of a lock held through a grant: `<waiter id (12 random bytes, hex)>:<token>`. */
-const GRANT_OWNER = /^[0-9a-f]{24}:\d+$/;
 /** Release -> the waiter holds the lock. A round trip is a few ms; the margin is for a busy 2-core machine. */
 const WAKE_MS = 150;
 /** A holder that only a release lets go of within a test. */
@@ -397,7 +395,11 @@ describe('grants: a release hands the lock to the head of its line', () => {
       vi.mocked(RedisLockStore.prototype.renew).mockRestore();
     });
 
-    it('a waiter with a fixed expire is handed the lock by the release: grant owner, larger token, taken up with its own lease', async () => {
+    /** The attempts on `key` since the first `from` recorded that took the lock. */
+    const takes = (from: number, key: string): Attempt[] =>
+      attempts.slice(from).filter((attempt) => attempt.key === key && attempt.result?.acquired === true);
+
+    it('a waiter with a fixed expire is handed the lock by the release: its one attempt takes the grant up with its token and its own lease', async () => {
       const name = fresh('fixed');
       const key = PREFIX + name;
       const holder = await b.locks.lock(name, LONG);
@@ -405,19 +407,23 @@ describe('grants: a release hands the lock to the head of its line', () => {
       const waiting = a.locks.lock(name, { waitTime: 5_000, expire: 800 });
       await asleep(from, key);
 
+      const renewalsBefore = renewals.length;
       await holder.release();
+      const granted = Number(await redis.get(fenceKeyFor(PREFIX, key))); // the grant's token, issued by the release
       const handle = await waiting;
       const handedAt = performance.now();
-      expect(handle.owner).toMatch(GRANT_OWNER);
       expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken);
-      expect(Number(handle.owner.split(':')[1])).toBe(handle.fencingToken);
-      // Held at once (the release came well within GRANT_MS of the waiter's last miss): the handle
-      // was given out before its first renewal, the one that takes the grant up, came back.
-      const ownRenewals = renewals.filter((call) => call.requests.some((request) => request.owner === handle.owner));
-      expect(ownRenewals.length).toBeGreaterThanOrEqual(1);
-      expect(ownRenewals[0].settledAt).toBeGreaterThan(handedAt);
-      expect(await redis.get(fenceKeyFor(PREFIX, key))).toBe(String(handle.fencingToken));
-      expect(misses(from, key)).toHaveLength(2); // no attempt after the release: the grant did it
+      expect(handle.fencingToken).toBe(granted);
+      // The hold started on the answer of one attempt (the line's, after the release), not on the
+      // announcement alone: no renewal was needed, and nobody was handed the lock before that answer.
+      const taken = takes(from, key);
+      expect(taken).toHaveLength(1);
+      expect(taken[0].waiter).toBe(misses(from, key)[0].waiter);
+      expect(taken[0].settledAt).toBeLessThanOrEqual(handedAt);
+      expect(misses(from, key)).toHaveLength(2); // tried, subscribed, tried again: then the grant
+      expect(renewals.slice(renewalsBefore).some((call) => call.requests.some((r) => r.owner === handle.owner))).toBe(
+        false,
+      );
       expect(await takenUp(key, handle.owner)).toBe(true);
       const pttl = await redis.pttl(key);
       expect(pttl).toBeGreaterThan(600);
@@ -437,8 +443,8 @@ describe('grants: a release hands the lock to the head of its line', () => {
 
       await holder.release();
       const handle = await waiting;
-      expect(handle.owner).toMatch(GRANT_OWNER);
       expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken);
+      expect(takes(from, key)).toHaveLength(1);
       expect(await takenUp(key, handle.owner)).toBe(true);
       expect(await redis.pttl(key)).toBeGreaterThan(2_500);
 
@@ -449,14 +455,14 @@ describe('grants: a release hands the lock to the head of its line', () => {
       expect(await redis.pttl(key)).toBeGreaterThan(2_000);
       expect(handle.signal.aborted).toBe(false);
       const renewed = renewals.filter((call) => call.requests.some((request) => request.owner === handle.owner));
-      expect(renewed.length).toBeGreaterThanOrEqual(2); // the take-up, then a renewal
+      expect(renewed.length).toBeGreaterThanOrEqual(1);
       expect(renewed.every((call) => call.outcomes?.every((outcome) => outcome === true))).toBe(true);
 
       expect(await handle.release()).toBe(true);
       expect(await redis.exists(key)).toBe(0);
     });
 
-    it('a grant that comes after the window of the waiter’s last miss is checked by a renewal first, and still comes promptly', async () => {
+    it('a grant made long after the waiter’s last miss is taken up as promptly as any other', async () => {
       const name = fresh('late');
       const key = PREFIX + name;
       const holder = await b.locks.lock(name, LONG);
@@ -470,15 +476,9 @@ describe('grants: a release hands the lock to the head of its line', () => {
       const handle = await waiting;
       const handedAt = performance.now();
       expect(handedAt - releasedAt).toBeLessThan(WAKE_MS);
-      expect(handle.owner).toMatch(GRANT_OWNER);
       expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken);
-      expect(misses(from, key)).toHaveLength(2); // the grant was used: no fresh attempt
-      // The slow path: a renewal of the grant owner came back before the handle was given out.
-      const checked = renewals.filter(
-        (call) => call.requests.some((request) => request.owner === handle.owner) && call.settledAt <= handedAt,
-      );
-      expect(checked).toHaveLength(1);
-      expect(checked[0].outcomes).toEqual([true]);
+      expect(misses(from, key)).toHaveLength(2);
+      expect(takes(from, key)).toHaveLength(1);
       expect(await redis.hgetall(key)).toEqual({ [handle.owner]: '1' });
       expect(await redis.pttl(key)).toBeGreaterThan(4_500);
 
@@ -528,39 +528,6 @@ describe('grants: a release hands the lock to the head of its line', () => {
       }
     });
 
-    it('a grant heard near the end of its window survives a take-up renewal slower than what is left of it', async () => {
-      // The waiter trusts a grant until its last miss + GRANT_MS (less a margin), and holds it at
-      // once while that is ahead, however little of it is left; its take-up renewal must then come
-      // back within what is left, or the watchdog reports the lock lost (lease-expired) although
-      // Redis has just given it the full lease. Here the release comes 200 ms after the last miss
-      // and a renewal takes 60 ms (a slow link, or a busy 2-core machine); with a 2 ms round trip
-      // the same happens to a release in the last 2 ms of the window (a waiter refreshes its place
-      // every second: about 1 handover in 500).
-      const name = fresh('edge');
-      const key = PREFIX + name;
-      const holder = await b.locks.lock(name, LONG);
-      const from = attempts.length;
-      const waiting = a.locks.lock(name, { waitTime: 5_000, lockWatchdogTimeout: 5_000 });
-      const lastMiss = await asleep(from, key);
-      const [W] = await redis.zrange(lockKeys(PREFIX, name).line, '0', '0');
-      renewDelay = (requests) => (requests.some((request) => request.owner.startsWith(`${W}:`)) ? 60 : 0);
-      await sleep(Math.max(0, lastMiss + 200 - performance.now()));
-
-      await holder.release();
-      const handle = await waiting;
-      expect(handle.owner).toMatch(GRANT_OWNER);
-      await sleep(150); // the take-up renewal has come back
-      const lost = lostReason(handle.signal.reason);
-      const inRedis = await redis.hgetall(key);
-      const released = await handle.release();
-      // Redis holds the lock for the handle (taken up, its own lease): the handle must not be lost.
-      expect({ lost, inRedis, released }).toEqual({
-        lost: undefined,
-        inRedis: { [handle.owner]: '1' },
-        released: true,
-      });
-    });
-
     it('a grant that the line’s own attempt took up is not handed out again to the next local waiter', async () => {
       // W's line in a has two waiters. The holder's lease is short, so W's first waiter sleeps only
       // until it ends. a's event loop stalls right after the holder's release was sent: Redis grants
@@ -590,9 +557,9 @@ describe('grants: a release hands the lock to the head of its line', () => {
       const [released, W, , granted] = (await releasing) as [number, string, string, string];
       expect(released).toBe(1);
       const h1 = await first;
-      // The race did happen: the first waiter's attempt took the grant up under its own owner id.
+      // The race did happen: the first waiter's attempt (its timer) took the grant up, with its token.
       expect(h1.fencingToken).toBe(Number(granted));
-      expect(h1.owner).not.toBe(`${W}:${granted}`);
+      expect(W).toMatch(/^[0-9a-f]{24}$/);
 
       const early = await Promise.race([second, sleep(150).then(() => 'still waiting' as const)]);
       expect(early).toBe('still waiting');
@@ -608,14 +575,14 @@ describe('grants: a release hands the lock to the head of its line', () => {
       expect(await h2.release()).toBe(true);
     });
 
-    it('a grant heard only after a miss that its own lapse caused is checked by a renewal first, never held at once', async () => {
+    it('a grant heard only after a miss that its own lapse caused wakes an attempt, which finds the lock granted to the next in line', async () => {
       // W (in a) heads the line, V (a bare waiter id) is second. a's event loop stalls (a GC pause,
       // a CPU-bound request) right after b's release was sent: during the stall Redis grants the
       // lock to W and the grant lapses. When the loop runs again, W's wait timer (due during the
       // stall) fires before the announcement is read: W's attempt finds the lock free with V in
       // line, grants it to V and misses. Then the announcement of the old grant to W is read: it
-      // must not be trusted until that miss + GRANT_MS (the miss came after it), or W holds a lock
-      // that Redis has given to V.
+      // only wakes W to look (nothing is held on an announcement), and W gets the lock once V's
+      // grant has lapsed, on an answer of its own.
       const name = fresh('stall');
       const keys = lockKeys(PREFIX, name);
       const holder = await b.locks.lock(name, LONG);
@@ -661,15 +628,15 @@ describe('grants: a release hands the lock to the head of its line', () => {
         lostSoon: false,
         released: true,
       });
-      // And the race did happen: W missed after the release (the lock free, V in line: -3), and
-      // was then handed the old grant, which a renewal found gone before any handle was given out.
+      // And the race did happen: W missed after the release (the lock free, V in line: -3), and the
+      // hold came from a later attempt of W's, answered before the handle was given out.
       const after = misses(from, keys.key).filter((attempt) => attempt.settledAt > releasedAt);
       expect(after.length).toBeGreaterThanOrEqual(1);
       expect(after[0].result).toMatchObject({ acquired: false, ttl: -3 });
-      const checked = renewals.filter(
-        (call) => call.settledAt <= handedAt && call.requests.some((request) => request.owner.startsWith(`${W}:`)),
-      );
-      expect(checked.map((call) => call.outcomes)).toEqual([[false]]);
+      const taken = takes(from, keys.key);
+      expect(taken).toHaveLength(1);
+      expect(taken[0].waiter).toBe(W);
+      expect(taken[0].settledAt).toBeLessThanOrEqual(handedAt);
     });
   });
 });

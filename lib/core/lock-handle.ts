@@ -91,6 +91,8 @@ export class HeldLock implements Scheduled {
   stopAsked = false;
   /** When the last hold ends, leave the key to expire instead of deleting it (`ifExpireWhenFinish: false`). */
   keepKey = false;
+  /** Given back with no code run under it: released at once, whatever `lockAtLeastFor` says. */
+  abandoned = false;
   /** Renewals done so far. */
   renewals = 0;
   /** `performance.now()` until which the lease surely runs in Redis (see `leaseValidUntil`). */
@@ -104,16 +106,8 @@ export class HeldLock implements Scheduled {
   renewDueAt = 0;
   /** The last renewal error, kept to explain a lease that ran out while Redis was unreachable. */
   lastError: unknown;
-  /**
-   * Handed over by a release under a short grant lease (see `Grant` in the store interface): the
-   * watchdog renews it at once, which takes the grant up and sets this lock's own lease.
-   */
-  takingUp = false;
-  /**
-   * `performance.now()` from which `lockAtLeastFor` counts: when the acquisition was sent, or when
-   * a grant (which may have been made any time after the line's last refused attempt) was heard.
-   */
-  lockedAt: number;
+  /** `performance.now()` from which `lockAtLeastFor` counts: when the acquisition was sent. */
+  readonly lockedAt: number;
   private abortController: AbortController | undefined;
 
   constructor(
@@ -135,13 +129,6 @@ export class HeldLock implements Scheduled {
   ) {
     this.leaseEndsAt = this.validUntil(acquiredAt);
     this.lockedAt = acquiredAt;
-  }
-
-  /** A grant whose lease surely runs until `grantedUntil`: held from now, taken up by the first renewal. */
-  takeUp(grantedUntil: number): void {
-    this.takingUp = true;
-    this.lockedAt = performance.now();
-    this.leaseEndsAt = Math.min(this.leaseEndsAt, grantedUntil);
   }
 
   /** `performance.now()` until which a lease (re)set by a command sent at `sentAt` surely runs. */

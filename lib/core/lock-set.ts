@@ -13,6 +13,7 @@ export interface LockSetHandle extends LockHandle {
 /** What a `LockSet` calls back into; implemented by `HeldLocks` (lib/service/held-locks.ts). */
 export interface SetKeeper {
   finish(handle: Handle, release: boolean): Promise<void>;
+  abandon(handle: Handle): Promise<void>;
 }
 
 /**
@@ -73,6 +74,12 @@ export class LockSet implements LockSetHandle {
   async finish(release: boolean): Promise<void> {
     this.released = true;
     await Promise.all(this.parts.map((part) => this.keeper.finish(part, release)));
+  }
+
+  /** @internal Give every part back at once, no code having run under the set (never rejects). */
+  async abandon(): Promise<void> {
+    this.released = true;
+    await Promise.all(this.parts.map((part) => this.keeper.abandon(part)));
   }
 
   [Symbol.asyncDispose](): Promise<void> {

@@ -65,17 +65,9 @@ export class Watchdog {
   /**
    * Start watching a freshly acquired lock. Its lease began when the acquisition was sent, not
    * when the answer came: the first renewal is due an interval after the send (at once, when a
-   * slow answer took longer than that), and a fixed lease is lost at the send + `expire`. A lock
-   * granted by a release is renewed at once (see `HeldLock.takeUp`).
+   * slow answer took longer than that), and a fixed lease is lost at the send + `expire`.
    */
   start(lock: HeldLock): void {
-    if (lock.takingUp) {
-      lock.renewDueAt = now();
-      // A grant's short lease: renew now. Sent before this returns, so that it reaches Redis ahead
-      // of any later attempt of the same line, which would otherwise take the grant up itself.
-      this.renew([lock]).catch((error: unknown) => this.report(error));
-      return;
-    }
     if (lock.renewing) this.plan(lock, lock.acquiredAt + this.interval(lock), 'renew');
     else this.plan(lock, lock.leaseEndsAt, 'expired');
   }
@@ -222,13 +214,6 @@ export class Watchdog {
     lock.leaseEndsAt = lock.validUntil(sentAt);
     if (this.events.listens('renewed')) {
       this.events.emit('renewed', lock.eventBase, { owner: lock.owner, lagMs: Math.max(0, sentAt - lock.renewDueAt) });
-    }
-    if (lock.takingUp) {
-      // The grant is taken up and the lock has its own lease now: on from here as if just acquired.
-      lock.takingUp = false;
-      if (lock.renewing) this.plan(lock, sentAt + this.interval(lock), 'renew');
-      else this.plan(lock, lock.leaseEndsAt, 'expired');
-      return;
     }
     lock.renewals += 1;
     const max = lock.options.maxRenewTimes;

@@ -134,7 +134,7 @@ export class DisLockInterceptor {
             return;
           }
           if (subscriber.closed) {
-            void this.locks.finish(handle, true);
+            void this.locks.abandon(handle); // the caller has gone: no code will run under it
             return;
           }
           subscriber.next(handle);

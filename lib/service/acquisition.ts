@@ -12,7 +12,7 @@ import {
   type ResolvedModuleOptions,
   shareOf,
 } from '../module/dislock.options';
-import type { Grant, LockStore } from '../store/lock-store.interface';
+import type { LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
 import type { ShutdownGate } from './shutdown-gate';
@@ -68,7 +68,13 @@ export class Acquisition implements Attempter {
     const progress = { waited: false };
     this.gate.enter();
     try {
-      const handle = await this.acquireNow(name, options, keepOnShutdown, cancel, progress);
+      let handle = await this.acquireNow(name, options, keepOnShutdown, cancel, progress);
+      if (handle && cancel?.aborted) {
+        // The caller gave up while the attempt that took the lock was on its way: it will not use
+        // the lock, so it goes back at once.
+        await this.held.abandon(handle);
+        handle = null;
+      }
       if (handle) {
         if (this.events.listens('acquired')) {
           const { lock } = handle;
@@ -104,8 +110,9 @@ export class Acquisition implements Attempter {
     cancel?: AbortSignal,
   ): Promise<LockSet | null> {
     const deadline = now() + options.waitTime;
+    // Parts of a set that was never held whole: no code ran under them, so none is kept for lockAtLeastFor.
     const giveBack = (parts: readonly Handle[]): Promise<unknown> =>
-      Promise.all(parts.map((part) => this.held.finish(part, true)));
+      Promise.all(parts.map((part) => this.held.abandon(part)));
     for (;;) {
       const parts: Handle[] = [];
       try {
@@ -229,7 +236,8 @@ export class Acquisition implements Attempter {
   /**
    * One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy.
    * With a `seat` (a waiting line's place in the store's line), the attempt keeps that place, or
-   * takes up a grant to it, and the seat learns what a later grant must be checked against.
+   * takes up a grant to it (a release handed the lock to the head of the line): either way the hold
+   * starts on the store's reply, with the caller's own lease counted from when the attempt was sent.
    */
   async attempt(
     name: string,
@@ -253,49 +261,10 @@ export class Acquisition implements Attempter {
       throw redisFailed('acquire', name, error);
     }
     if (!result.acquired) {
-      if (seat) {
-        seat.missedAt = sentAt;
-        seat.missedToken = result.lastToken ?? Infinity;
-      }
+      if (seat) seat.missedAt = sentAt;
       return result.ttl;
     }
-    if (seat) seat.floor = Math.max(seat.floor, result.token);
     return this.keepInTime(name, key, owner, result.token, options, sentAt, keepOnShutdown, result.validMs);
-  }
-
-  /**
-   * Hold a lock that a release granted to `seat` (the head of the store's line): at once, with no
-   * request, while at least half of the grant's lease surely runs (its token says it was made
-   * after the seat's last refused attempt ran, so its lease began after that attempt was sent);
-   * the watchdog's first renewal then takes it up. Otherwise (a grant older than that attempt,
-   * heard late; or that moment has passed: a slow event loop), a renewal first asks whether it
-   * still holds, and takes it up. The handle, or -2 when the grant has lapsed (try again as a
-   * newcomer would).
-   */
-  async adopt(
-    name: string,
-    key: string,
-    options: ResolvedLockOptions,
-    keepOnShutdown: boolean,
-    grant: Grant,
-    seat: LineSeat,
-  ): Promise<Handle | number> {
-    seat.floor = Math.max(seat.floor, grant.token);
-    const grantedUntil = grant.token > seat.missedToken ? leaseValidUntil(seat.missedAt, grant.leaseMs) : -Infinity;
-    // With half the grant's lease still ahead, so that the renewal taking it up has time to come
-    // back before the grant could end (otherwise the lock would be reported lost while Redis
-    // has just given it its full lease).
-    if (now() < grantedUntil - grant.leaseMs / 2 && !this.gate.closing) {
-      const lock = new HeldLock(name, key, grant.owner, grant.token, options, seat.missedAt, keepOnShutdown);
-      lock.takeUp(grantedUntil);
-      this.held.add(lock);
-      return new Handle(lock, false, this.held);
-    }
-    const sentAt = now();
-    const [outcome] = await this.store.renew([{ key, owner: grant.owner, leaseMs: leaseOf(options) }]);
-    if (typeof outcome === 'object') throw redisFailed('acquire', name, outcome.error);
-    if (!outcome) return -2;
-    return this.keepInTime(name, key, grant.owner, grant.token, options, sentAt, keepOnShutdown);
   }
 
   /** Keep a lock the store has just given `owner` by a request sent at `sentAt`, unless its answer came too late. */
@@ -309,22 +278,20 @@ export class Acquisition implements Attempter {
     keepOnShutdown: boolean,
     validMs = Infinity,
   ): Promise<Handle | number> {
-    if (now() >= Math.min(leaseValidUntil(sentAt, leaseOf(options)), sentAt + validMs)) {
+    const lease = leaseOf(options);
+    if (now() >= Math.min(leaseValidUntil(sentAt, lease), sentAt + validMs)) {
       // The answer came after the lease it granted may have ended in Redis: another owner may
       // hold the lock by now. Never hand that out: give the hold back (owner-checked) and count
       // this attempt as a miss.
-      await this.store.release(key, owner).catch(() => undefined);
+      await this.store.giveBack(key, owner, lease);
       return -2;
     }
-    if (this.gate.closing) await this.giveBack(name, key, owner);
+    if (this.gate.closing) {
+      // Shutdown began while this acquisition was on its way: nobody would release the lock.
+      await this.store.giveBack(key, owner, lease);
+      this.gate.assertOpen(name);
+    }
     return this.keep(name, key, owner, token, options, sentAt, keepOnShutdown, validMs);
-  }
-
-  /** Shutdown began while this acquisition was on its way: nobody would release the lock. Throws. */
-  private async giveBack(name: string, key: string, owner: string): Promise<never> {
-    await this.store.release(key, owner).catch(() => undefined);
-    this.gate.assertOpen(name);
-    throw new Error('unreachable: giveBack is only called while closing');
   }
 
   /** Start keeping a lock just taken in Redis. */

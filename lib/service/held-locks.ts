@@ -18,7 +18,7 @@ const now = (): number => performance.now();
  */
 function minimumLeft(lock: HeldLock): number {
   const { lockAtLeastFor } = lock.options;
-  if (lockAtLeastFor <= 0) return 0;
+  if (lockAtLeastFor <= 0 || lock.abandoned) return 0;
   return Math.max(0, Math.ceil(lock.lockedAt + lockAtLeastFor - now()));
 }
 
@@ -109,6 +109,16 @@ export class HeldLocks implements HoldKeeper {
         `Releasing lock "${handle.name}" failed (${describeError(why)}); it expires on its own within its lease`,
       );
     }
+  }
+
+  /**
+   * Give back a hold no code ran under (a part of a multi-lock that could not take every part, an
+   * acquisition whose caller had gone when it arrived): released at once, never kept for
+   * `lockAtLeastFor`, which is a minimum for work that ran. Never rejects.
+   */
+  async abandon(handle: Handle): Promise<void> {
+    if (!handle.reentrant) handle.lock.abandoned = true;
+    await this.finish(handle, true);
   }
 
   // ---- HoldKeeper (called by handles) --------------------------------------------------------------------------

@@ -209,6 +209,12 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     return this.held.finish(handle, release);
   }
 
+  /** @internal Give back a lock no code ran under (its caller had gone when it arrived): at once, whatever `lockAtLeastFor` says. */
+  abandon(handle: Held): Promise<void> {
+    if (handle instanceof LockSet) return handle.abandon();
+    return this.held.abandon(handle);
+  }
+
   /** @internal Follow how many locks this application holds (the `dislock.locks.held` metric). */
   onHeldChange(listener: (delta: number) => void): () => void {
     return this.events.onHeldChange(listener);

@@ -3,7 +3,7 @@ import { Handle } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
 import { wakeOrTimeout } from '../core/wake-or-timeout';
 import { type ResolvedLockOptions, shareOf } from '../module/dislock.options';
-import type { Grant, LockStore, ReleaseWatch } from '../store/lock-store.interface';
+import type { LockStore, ReleaseWatch } from '../store/lock-store.interface';
 import type { ShutdownGate } from './shutdown-gate';
 import { type LineSeat, WaitQueue } from './wait-queue';
 
@@ -23,22 +23,16 @@ function backoff(attempt: number): number {
 
 /** What the line asks to take the lock when a waiter's turn comes. */
 export interface Attempter {
-  /** One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy. */
+  /**
+   * One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy.
+   * With the line's `seat`, it keeps the line's place in the store's line, or takes up a grant to it.
+   */
   attempt(
     name: string,
     key: string,
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
     seat?: LineSeat,
-  ): Promise<Handle | number>;
-  /** Hold the lock a release granted to the line: the handle, or -2 when the grant has lapsed. */
-  adopt(
-    name: string,
-    key: string,
-    options: ResolvedLockOptions,
-    keepOnShutdown: boolean,
-    grant: Grant,
-    seat: LineSeat,
   ): Promise<Handle | number>;
 }
 
@@ -142,21 +136,9 @@ export class WaitLine {
       for (let attempt = 0; ; attempt += 1) {
         this.gate.assertOpen(name); // shutdown may have ended the wait while it was subscribing
         if (stop.signal.aborted) return null;
-        // A release handed the lock to this line (its place headed the store's line): hold it,
-        // unless an attempt since has taken that grant up already.
-        const grant = watch?.takeGrant();
-        if (grant && grant.token > seat.floor) {
-          seat.inLine = false; // the grant took the place out of the store's line
-          if (shared) {
-            // The grant is an exclusive hold (this line began with a writer): an attempt takes it
-            // up as a shared one instead, which other readers or permits may then join.
-            tryNow = true;
-          } else {
-            const adopted = await taker.adopt(name, key, options, keepOnShutdown, grant, seat);
-            if (adopted instanceof Handle) return holdingNow(adopted);
-            tryNow = true; // the grant lapsed before it could be relied on: ask again
-          }
-        }
+        // A release that handed the lock to this line (a grant to its place, the head of the
+        // store's line) wakes it as any release does: this attempt takes the grant up, and the
+        // hold starts on its reply, with the caller's own lease.
         if (tryNow) {
           const result = await taker.attempt(name, key, options, keepOnShutdown, seat);
           // A fresh attempt that did not take the lock holds (or renewed) a place in the line.
@@ -219,7 +201,7 @@ export class WaitLine {
    */
   newSeat(shared = false): LineSeat {
     const id = randomBytes(12).toString('hex');
-    return { id: shared ? `s${id}` : id, inLine: false, missedAt: -Infinity, missedToken: Infinity, floor: 0 };
+    return { id: shared ? `s${id}` : id, inLine: false, missedAt: -Infinity };
   }
 
   /** Give up a place in the store's line (at most a lapsed place if it fails: it expires by itself). */

@@ -1,19 +1,9 @@
 import type { LinePlace, ReleaseWatch } from '../store/lock-store.interface';
 
-/**
- * This process's waiting line for one lock as it stands in the store's line (see `LinePlace`), and
- * what its attempts have taught it about the grants a release may hand it.
- */
+/** This process's waiting line for one lock as it stands in the store's line (see `LinePlace`). */
 export interface LineSeat extends LinePlace {
   /** When the line's last attempt that did not take the lock was sent. */
   missedAt: number;
-  /**
-   * The store's last fencing token when that attempt was refused: a grant with a larger token
-   * was made after it, so its lease runs at least until `missedAt` + the grant's lease.
-   */
-  missedToken: number;
-  /** The largest fencing token the line has been given: a grant with no larger one was taken up already. */
-  floor: number;
 }
 
 /** One waiter's place in a `WaitQueue`. */

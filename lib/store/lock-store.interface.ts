@@ -18,11 +18,6 @@ export interface ReleaseWatch {
   wait(maxWaitMs: number, signal: AbortSignal): Promise<void>;
   /** A release seen locally (this process freed the lock): wake the wait as a message would. */
   wake(): void;
-  /**
-   * The lock, if a release has handed it to this watch's line (its place was the head of the
-   * store's line) since the last call; each grant is given out once. See `Grant`.
-   */
-  takeGrant(): Grant | undefined;
   /** Stop listening; the channel is unsubscribed when the last watch of the key closes. */
   close(): void;
 }
@@ -30,25 +25,17 @@ export interface ReleaseWatch {
 /**
  * One process's waiting line for one lock, as it stands in the store's line of waiters (the
  * fairness across processes): its id, and whether its last attempt left it a place there.
+ *
+ * Grants: a release (or a leave, or an attempt that finds the lock free with a line) may hand the
+ * lock straight to the head of its line, in the store, under a short lease of its own. The head's
+ * process learns it from the watch (only the head's line wakes), and its next attempt with its
+ * `waiter` id takes the grant up: the answer says taken, with the grant's fencing token and the
+ * attempt's own lease. A hold always starts on such an answer; a grant nobody takes up lapses,
+ * and the next in line gets its turn.
  */
 export interface LinePlace {
   readonly id: string;
   inLine: boolean;
-}
-
-/**
- * A lock that a release handed straight to the head of its line: the head's process holds it
- * from then on under `owner`, with no request of its own. The grant's lease is `leaseMs` from the
- * moment it was made; when its token is larger than the `lastToken` of an attempt of the line
- * that was refused, that moment came after the attempt ran (and so after it was sent). The
- * holder's first renewal takes the grant up and sets its own lease. An attempt of the same line
- * that finds the grant not yet taken up takes it up instead (same token), so a grant whose token
- * is not larger than the last token the line was given is stale.
- */
-export interface Grant {
-  readonly owner: string;
-  readonly token: number;
-  readonly leaseMs: number;
 }
 
 /** Outcome of one acquire attempt. */
@@ -61,11 +48,9 @@ export type AcquireResult =
   | { readonly acquired: true; readonly token: number; readonly validMs?: number }
   /**
    * Not taken: `ttl` is the holder's remaining lease in ms (-1 when the key has none), or -3 when
-   * the lock is free but other waiters are ahead in its line. `lastToken`, from a store that
-   * grants (see `Grant`): the largest fencing token issued for the key when it was refused; a
-   * grant with a larger token was made after this attempt.
+   * the lock is free but other waiters are ahead in its line.
    */
-  | { readonly acquired: false; readonly ttl: number; readonly lastToken?: number };
+  | { readonly acquired: false; readonly ttl: number };
 
 /** What an acquisition asks of the store besides the key, owner and lease. */
 export interface AcquireOptions {
@@ -151,8 +136,10 @@ export interface LockStore {
   /**
    * Take the free lock for a new `owner` (an id never used before) with a lease of `leaseMs` and
    * issue a fencing token that is larger than every token issued for `key` before. When the
-   * outcome cannot be known (no answer in time), the store gives the hold back by itself as soon as
-   * it can, so that a lock nobody was told about never outlives the call by more than that.
+   * outcome cannot be known (any rejection once the command may have been sent: no answer in
+   * time, a client-side command timeout, a connection closed in flight), the store gives the hold
+   * back by itself (see `giveBack`), so that a lock nobody was told about never outlives the call
+   * by more than that.
    *
    * With `options.share` set, the hold is shared (a reader of a read-write lock, a permit of a semaphore):
    * taken while no exclusive hold has `key` and fewer than `share` shared holds (0: any number)
@@ -202,17 +189,24 @@ export interface LockStore {
    */
   renew(requests: readonly RenewRequest[]): Promise<RenewOutcome[]>;
   /**
+   * Give back a hold its caller will not use (an answer that came too late to rely on, a shutdown
+   * under way, an outcome that cannot be known): released now, owner-checked, and again while the
+   * store does not answer, until a lease of `leaseMs` taken now would have ended anyway. Resolves
+   * once the first try has settled (the retries go on by themselves); never rejects.
+   */
+  giveBack(key: string, owner: string, leaseMs: number): Promise<void>;
+  /**
    * Drop `owner`'s hold. Never touches a lock of another owner. Local watchers of `key` (see
    * `watch`) are woken whenever the release is known to have freed the lock, whether its own
    * reply said so or, when that reply was lost or late, its announcement came back; with a line
-   * of waiters, the lock goes to its head (see `Grant`), and only the watch whose turn it is wakes.
+   * of waiters, the lock goes to its head (a grant, see above), and only the watch whose turn it is wakes.
    */
   release(key: string, owner: string): Promise<ReleaseResult>;
   /**
    * Listen for releases of `key` (by any process). Resolves once listening, or once that failed
    * (`listening: false`); never rejects. Call before the retry that follows a failed attempt, so
    * that a release in between is not missed (unless `listeningSince` says it was heard: the last
-   * release heard since `since` wakes the new watch, and hands it a grant to `place`). Every
+   * release heard since `since` wakes the new watch, as a grant to `place` would). Every
    * watch is also woken when the listening connection comes back after a drop: a release
    * announced meanwhile was not heard.
    */

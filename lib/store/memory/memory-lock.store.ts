@@ -3,7 +3,6 @@ import type {
   AcquireOptions,
   AcquireResult,
   CheckResult,
-  Grant,
   LinePlace,
   LockStore,
   ReleaseResult,
@@ -53,10 +52,6 @@ class MemoryWatch extends Wakeable implements ReleaseWatch {
 
   constructor(private readonly onClose: (watch: MemoryWatch) => void) {
     super();
-  }
-
-  takeGrant(): Grant | undefined {
-    return undefined; // every waiter looks when a lock is freed; nothing is handed over
   }
 
   close(): void {
@@ -136,7 +131,7 @@ export class MemoryLockStore implements LockStore {
     const busy = (ttl: number): AcquireResult => {
       if (waiter) this.takePlace(entry, waiter, at);
       this.tidy(key, entry);
-      return { acquired: false, ttl, lastToken: this.lastToken };
+      return { acquired: false, ttl };
     };
     if (entry.refusals > 0) {
       entry.refusals -= 1;
@@ -256,6 +251,12 @@ export class MemoryLockStore implements LockStore {
 
   release(key: string, owner: string): Promise<ReleaseResult> {
     return Promise.resolve(this.releaseNow(key, owner));
+  }
+
+  /** Nothing here can fail to answer: released at once. */
+  giveBack(key: string, owner: string): Promise<void> {
+    this.releaseNow(key, owner);
+    return Promise.resolve();
   }
 
   /** Every watch of a key is woken by each release of it: the place and `since` change nothing here. */

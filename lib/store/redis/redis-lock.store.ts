@@ -31,6 +31,7 @@ import { clientKeyPrefix, closeRedis, isClusterClient, type RedisClient, scrubCr
 import { ReleaseEchoes } from './release-echoes';
 import type { ReplicaAck } from './replica-ack';
 import { ReleaseSubscriber } from './release-subscriber';
+import { giveBackHold } from '../give-back';
 import { StoreTimeoutError } from '../store-errors';
 
 const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
@@ -166,27 +167,30 @@ export class RedisLockStore implements LockStore {
         share ?? GRANT_MS,
         describe ?? '',
         Math.max(leaseMs, PLACE_MS, options.describeForMs ?? 0),
+        GRANT_MS,
       ],
     );
     let reply: unknown;
     try {
       reply = await this.bounded(pending);
     } catch (error) {
-      if (error instanceof StoreTimeoutError) this.giveBack(key, owner, pending);
+      // No answer in time, the client's own commandTimeout, a connection closed in flight: the
+      // script may have run, or may still run. Whatever the error, give the hold back.
+      this.abandon(key, owner, leaseMs, pending);
       throw error;
     }
-    const [taken, value, lastToken] = reply as [number, number, number?];
-    if (taken !== 1) return { acquired: false, ttl: value, lastToken };
-    if (this.replicaAck) await this.confirmed(key, owner);
+    const [taken, value] = reply as [number, number];
+    if (taken !== 1) return { acquired: false, ttl: value };
+    if (this.replicaAck) await this.confirmed(key, owner, leaseMs);
     return { acquired: true, token: value };
   }
 
   /** The replicas have the hold just taken; otherwise it is given back and the acquisition fails. */
-  private async confirmed(key: string, owner: string): Promise<void> {
+  private async confirmed(key: string, owner: string, leaseMs: number): Promise<void> {
     try {
       await this.bounded((this.replicaAck as ReplicaAck).confirm(this.client, key));
     } catch (error) {
-      await this.release(key, owner).catch(() => undefined);
+      await this.giveBack(key, owner, leaseMs);
       throw error;
     }
   }
@@ -223,9 +227,7 @@ export class RedisLockStore implements LockStore {
       if (this.echoes.failed(message)) this.releases.wakeLocal(key);
       throw error;
     }
-    const [code, head, second, granted] = Array.isArray(reply)
-      ? (reply as [number, string, string, string])
-      : [reply, '', '', ''];
+    const [code, head, second] = Array.isArray(reply) ? (reply as [number, string, string, string]) : [reply, '', ''];
     const result = RELEASE_RESULTS[code as number];
     if (result === undefined) throw new Error(`Unexpected reply from the release script: ${String(reply)}`);
     if (result === 'not-owner' && connection !== this.connections) {
@@ -243,11 +245,19 @@ export class RedisLockStore implements LockStore {
       return result;
     }
     this.echoes.handled(message);
-    // The lock went to the head of its line: if that is this process's line, its waiter holds it
-    // now (or, waiting for a shared hold, looks at once); if nobody waits in the line, every local
-    // waiter looks; otherwise the announcement has told the head's process.
-    this.releases.heard(this.releases.channelOf(key), head, second, granted);
+    // The lock went to the head of its line: if that is this process's line, its waiter looks at
+    // once (and takes the grant up); if nobody waits in the line, every local waiter looks;
+    // otherwise the announcement has told the head's process.
+    this.releases.heard(this.releases.channelOf(key), head, second);
     return result;
+  }
+
+  giveBack(key: string, owner: string, leaseMs: number): Promise<void> {
+    return giveBackHold(
+      () => this.release(key, owner),
+      leaseMs,
+      () => this.closed,
+    );
   }
 
   async leave(key: string, waiter: string): Promise<void> {
@@ -360,16 +370,16 @@ export class RedisLockStore implements LockStore {
   private readonly watchNode = (node: Redis): void => void node.on('close', this.countConnection);
 
   /**
-   * An acquisition whose answer did not come in time may still run (the command waits in the
-   * client while it reconnects, and is then re-sent): give its hold back now (the release queues
-   * behind it on the same connection), and again if its answer lands later saying it was taken.
-   * Both are owner-checked, so neither can touch a lock someone else took in between.
+   * An acquisition whose outcome is unknown may have run, or may still run (the command waits in
+   * the client while it reconnects, and is then re-sent): give its hold back now (the release
+   * queues behind it on the same connection), retried while Redis does not answer, and again if
+   * its answer lands later saying it was taken. All owner-checked, so none can touch a lock
+   * someone else took in between.
    */
-  private giveBack(key: string, owner: string, pending: Promise<unknown>): void {
-    const release = (): void => void this.release(key, owner).catch(() => undefined);
-    release();
+  private abandon(key: string, owner: string, leaseMs: number, pending: Promise<unknown>): void {
+    void this.giveBack(key, owner, leaseMs);
     pending.then(
-      (late) => Array.isArray(late) && late[0] === 1 && release(),
+      (late) => Array.isArray(late) && late[0] === 1 && void this.giveBack(key, owner, leaseMs),
       () => undefined,
     );
   }

@@ -1,5 +1,5 @@
 import { Wakeable } from '../../core/wake-or-timeout';
-import type { Grant, LinePlace, ReleaseWatch } from '../lock-store.interface';
+import type { LinePlace, ReleaseWatch } from '../lock-store.interface';
 import { duplicateClient, isClusterClient, type RedisClient } from './redis-client';
 import {
   type ChannelEvents,
@@ -26,14 +26,11 @@ interface Announcement {
   readonly at: number;
   readonly head: string;
   readonly second: string;
-  readonly token: string;
 }
 
 class Watch extends Wakeable implements ReleaseWatch {
   listening = false;
   listeningSince = Infinity;
-  /** A grant to this watch's line not yet given out (see `takeGrant`). */
-  private grant: Grant | undefined;
   /** The look the second waiter of the line takes once the head's grant has passed. */
   private secondLook: NodeJS.Timeout | undefined;
 
@@ -52,23 +49,15 @@ class Watch extends Wakeable implements ReleaseWatch {
     super.wake();
   }
 
-  takeGrant(): Grant | undefined {
-    const grant = this.grant;
-    this.grant = undefined;
-    return grant;
-  }
-
   /**
-   * A release announced who heads the lock's line, and the grant of the lock to it (`token`): wake
-   * if it is this waiter's line, keeping the grant for it (or if nobody waits in the line, or this
-   * waiter has no place in it, so only an attempt can give it one); the waiter after the head
-   * looks once the head's grant has passed, in case the head is gone; everyone else sleeps on.
+   * A release announced who heads the lock's line (and granted the lock to it, or named it to look
+   * first): wake if it is this waiter's line, whose attempt then takes the grant up (or if nobody
+   * waits in the line, or this waiter has no place in it, so only an attempt can give it one); the
+   * waiter after the head looks once the head's turn has passed, in case the head is gone; everyone
+   * else sleeps on.
    */
-  heard(head: string, second: string, token: string): void {
+  heard(head: string, second: string): void {
     const place = this.place;
-    if (head === place?.id && token !== '') {
-      this.grant = { owner: `${head}:${token}`, token: Number(token), leaseMs: this.grantMs };
-    }
     if (!place?.inLine || head === '' || head === place.id) {
       this.wake();
       return;
@@ -117,16 +106,17 @@ export class ReleaseSubscriber {
   private closed = false;
   private readonly events: ChannelEvents = {
     message: (channel, message) => {
-      // `<store>:<sequence>:<head>:<second>:<token of the grant to the head>`
-      const [store, sequence, head = '', second = '', token = ''] = message.split(':');
+      // `<store>:<sequence>:<head>:<second>:<token of the grant to the head>` (the token says a
+      // grant was made; the head's attempt takes it up, so nothing here needs it)
+      const [store, sequence, head = '', second = ''] = message.split(':');
       const id = `${store}:${sequence}`;
       if (this.echoes.isOwn(id) && !this.echoes.echoed(id)) return;
-      this.heard(channel, head, second, token);
+      this.heard(channel, head, second);
     },
     missed: (channels) => {
       // Every waiter re-checks now, so no announcement still on its way matters any more.
       this.echoes.reset();
-      for (const channel of channels) this.heard(channel, '', '', '');
+      for (const channel of channels) this.heard(channel, '', '');
     },
   };
 
@@ -166,23 +156,23 @@ export class ReleaseSubscriber {
     channel.linger = undefined;
     channel.watches.add(watch);
     const last = channel.last;
-    if (last && last.at >= since) watch.heard(last.head, last.second, last.token);
+    if (last && last.at >= since) watch.heard(last.head, last.second);
     watch.listening = await channel.subscribed;
     watch.listeningSince = channel.listeningSince;
     return watch;
   }
 
-  /** A release announced on `channel`, naming the first two waiters of the lock's line and the token granted to the first. */
-  heard(channel: string, head: string, second: string, token: string): void {
+  /** A release announced on `channel`, naming the first two waiters of the lock's line. */
+  heard(channel: string, head: string, second: string): void {
     const listening = this.channels.get(channel);
     if (!listening) return;
-    listening.last = { at: now(), head, second, token };
-    for (const watch of listening.watches) watch.heard(head, second, token);
+    listening.last = { at: now(), head, second };
+    for (const watch of listening.watches) watch.heard(head, second);
   }
 
   /** A release of `key` this process knows has run, without knowing who is next: wake every local watch. */
   wakeLocal(key: string): void {
-    this.heard(this.channelOf(key), '', '', '');
+    this.heard(this.channelOf(key), '', '');
   }
 
   /** Whether this subscriber listens on `key`'s channel (a local waiter watches it). */

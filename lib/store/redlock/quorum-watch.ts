@@ -64,11 +64,6 @@ export class QuorumWatch implements ReleaseWatch {
   /** Each node's subscription starts anew with each wait: a wait always tries once more after subscribing. */
   readonly listeningSince = Infinity;
 
-  /** Redlock keeps no line of waiters, so nothing is ever granted. */
-  takeGrant(): undefined {
-    return undefined;
-  }
-
   close(): void {
     this.closed = true;
     this.round?.wake();

@@ -122,7 +122,7 @@ export class RedlockStore implements LockStore {
       // A grant that arrives once the attempt was given up (or the lock released) is given back.
       pending
         .then((late) => {
-          if (late.acquired && flight.givenUp) void this.nodes[i].store.release(key, owner).catch(ignore);
+          if (late.acquired && flight.givenUp) void this.nodes[i].store.giveBack(key, owner, leaseMs);
         }, ignore)
         .finally(() => {
           flight.unanswered -= 1;
@@ -141,7 +141,7 @@ export class RedlockStore implements LockStore {
     );
     const giveUp = (): void => {
       flight.givenUp = true;
-      sent.forEach((pending, i) => pending && void this.nodes[i].store.release(key, owner).catch(ignore));
+      sent.forEach((pending, i) => pending && void this.nodes[i].store.giveBack(key, owner, leaseMs));
     };
     const decision = tally.decision;
     if (decision.kind === 'failed') {
@@ -212,6 +212,13 @@ export class RedlockStore implements LockStore {
     );
     if (decision === 'failed') throw this.quorumError('release', key, failures);
     return decision;
+  }
+
+  /** Every node gives the hold back on its own (each retries while it does not answer). */
+  async giveBack(key: string, owner: string, leaseMs: number): Promise<void> {
+    const flight = this.inFlight.get(owner);
+    if (flight) flight.givenUp = true;
+    await Promise.all(this.nodes.map((node) => node.store.giveBack(key, owner, leaseMs)));
   }
 
   watch(key: string): Promise<ReleaseWatch> {
