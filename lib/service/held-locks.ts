@@ -106,7 +106,7 @@ export class HeldLocks implements HoldKeeper {
       // The log says what Redis reported: the error's own message leaves that to its cause.
       const why = error instanceof RedisUnavailableError ? error.cause : error;
       this.logger.warn(
-        `Releasing lock "${handle.name}" failed (${describeError(why)}); it expires on its own within its lease`,
+        `Releasing lock "${handle.name}" failed (${describeError(why)}); it is retried while Redis does not answer, and the lock expires within its lease at the latest`,
       );
     }
   }
@@ -153,7 +153,10 @@ export class HeldLocks implements HoldKeeper {
       // Owner-checked: even for a lock known to be lost this only ever drops this owner's own hold.
       result = await this.store.release(lock.key, lock.owner);
     } catch (error) {
-      if (wasLost) return false; // already reported; its hold, if Redis still has one, expires on its own
+      // It may not have run (or its answer was lost): give the hold back in the background, retried
+      // while Redis does not answer, rather than leave the lock taken for the rest of its lease.
+      void this.store.giveBack(lock.key, lock.owner, lock.leaseMs);
+      if (wasLost) return false; // already reported
       throw redisFailed('release', lock.name, error);
     }
     // The store has woken the local line's head if it is next (the head of the lock's line, or
