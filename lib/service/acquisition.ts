@@ -170,6 +170,8 @@ export class Acquisition implements Attempter {
       const handle = await this.reenter(outer);
       if (handle) return handle;
     }
+    const leaving = this.line.leaving(key);
+    if (leaving) await leaving; // this process just left the key's line: that goes first (see WaitLine.leaving)
     // This caller will not wait: one attempt, without a place in the line (a free lock with
     // waiters ahead of it is busy for it too).
     if (options.waitTime === 0) {

@@ -46,6 +46,8 @@ export class WaitLine {
   private readonly waits = new Set<AbortController>();
   /** The local waiters of each key someone here is waiting for; an entry lives while it has waiters. */
   private readonly queues = new Map<string, WaitQueue>();
+  /** Leaves of the store's line still on their way, by key; an entry lives until they are answered. */
+  private readonly leaves = new Map<string, Promise<void>>();
 
   constructor(
     private readonly store: LockStore,
@@ -204,8 +206,27 @@ export class WaitLine {
     return { id: shared ? `s${id}` : id, inLine: false, missedAt: -Infinity };
   }
 
-  /** Give up a place in the store's line (at most a lapsed place if it fails: it expires by itself). */
+  /**
+   * Give up a place in the store's line (at most a lapsed place if it fails: it expires by itself).
+   * Until Redis has answered, `leaving(key)` hands it to the next attempt on the key.
+   */
   leave(key: string, id: string): void {
-    this.scope.outside(() => void this.store.leave(key, id).catch(() => undefined));
+    const left = this.scope.outside(() => this.store.leave(key, id).catch(() => undefined));
+    const previous = this.leaves.get(key);
+    const settled = previous ? Promise.all([previous, left]).then(() => undefined) : left;
+    this.leaves.set(key, settled);
+    void settled.then(() => {
+      if (this.leaves.get(key) === settled) this.leaves.delete(key);
+    });
+  }
+
+  /**
+   * The leaves of `key`'s line still on their way, if any. An attempt waits for them: sent behind
+   * a leave on the same connection it may still run first (a script the server has not loaded is
+   * answered NOSCRIPT and sent again), find the place that left still heading the line, and be
+   * refused a free lock.
+   */
+  leaving(key: string): Promise<void> | undefined {
+    return this.leaves.get(key);
   }
 }

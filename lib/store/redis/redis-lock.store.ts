@@ -372,15 +372,18 @@ export class RedisLockStore implements LockStore {
   /**
    * An acquisition whose outcome is unknown may have run, or may still run (the command waits in
    * the client while it reconnects, and is then re-sent): give its hold back now (the release
-   * queues behind it on the same connection), retried while Redis does not answer, and again if
-   * its answer lands later saying it was taken. All owner-checked, so none can touch a lock
-   * someone else took in between.
+   * mostly queues behind it on the same connection), retried while Redis does not answer, and
+   * again once it settles (see below). All owner-checked, so none can touch a lock someone else
+   * took in between.
    */
   private abandon(key: string, owner: string, leaseMs: number, pending: Promise<unknown>): void {
     void this.giveBack(key, owner, leaseMs);
+    // Once the acquire itself has settled, again, unless it said busy: "queued behind it" does not
+    // always hold (a script the server had not loaded is answered NOSCRIPT and sent again, after the
+    // release), and a rejection may hide a run whose answer was lost.
     pending.then(
       (late) => Array.isArray(late) && late[0] === 1 && void this.giveBack(key, owner, leaseMs),
-      () => undefined,
+      () => void this.giveBack(key, owner, leaseMs),
     );
   }
 
