@@ -19,6 +19,7 @@ import {
   type LockEventType,
   type LockHandle,
   type LockService,
+  MemoryLockStore,
 } from 'nestjs-dislock';
 import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
@@ -29,7 +30,7 @@ import { LEAVE_SCRIPT } from '../lib/store/redis/scripts/leave.script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
 import { createTestApp, type TestApp } from './support/app';
-import { gate, settle } from './support/async';
+import { gate, lostReason, settle } from './support/async';
 import { FaultProxy, isScript } from './support/fault-proxy';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
@@ -91,6 +92,14 @@ class Jobs {
       subscriber.next('done');
       subscriber.complete();
     });
+  }
+}
+
+/** Busy for `ms`: the event loop stands still, as during CPU-bound work (parsing, crypto) or a long GC pause. */
+function busyFor(ms: number): void {
+  const until = performance.now() + ms;
+  while (performance.now() < until) {
+    // spinning
   }
 }
 
@@ -160,6 +169,17 @@ describe('two holders never (issue 20)', () => {
     const t = await createTestApp(providers, { redis, keyPrefix: PREFIX, ...options });
     apps.push(t);
     return t;
+  }
+
+  /**
+   * Resolves once Redis has run the acquire script on KEY twice more (of those `ran` lists): a
+   * waiter's first attempt, and the one it makes once it listens for releases, both refused; it
+   * then sleeps until a release is heard. The 500 ms fallback only keeps a test from hanging should
+   * a later version make one attempt there instead of two.
+   */
+  async function refusedTwice(ran: readonly string[]): Promise<void> {
+    const before = ran.filter((line) => line.endsWith(' acquire')).length;
+    await eventually(() => ran.filter((line) => line.endsWith(' acquire')).length >= before + 2, 500, 2);
   }
 
   /** The library's scripts that Redis runs on KEY from now on, in order, as `<EVALSHA|EVAL> <script name>`. */
@@ -238,6 +258,98 @@ describe('two holders never (issue 20)', () => {
         yLost: false,
         overlaps: [],
       });
+    });
+  });
+
+  describe('finding 3: a grant held at once runs on the grant’s lease, not the caller’s', () => {
+    it('a critical section that begins with 300 ms of synchronous work keeps the lock that Redis holds for it', async () => {
+      // W (in a) is refused twice and sleeps; the holder releases at once, so the lock comes to W
+      // well within a grant's lease of its last refused attempt. W's critical section begins with
+      // 300 ms of synchronous work (parsing, crypto): longer than a grant lasts (250 ms). Whatever
+      // W holds when its section begins must be a lease Redis confirmed for W (30 s), so W must not
+      // be told it lost the lock, and Redis must hold it for W.
+      const { server, redis } = await ownServer();
+      const a = await app(server.url);
+      const b = await app(server.url);
+      const holder = await b.locks.lock(NAME, LONG);
+      const ran = await scriptsRun(server);
+      const w = settle(
+        a.locks.withLock(
+          NAME,
+          async (handle) => {
+            busyFor(300);
+            // One round trip: every timer that came due and every reply that arrived during the
+            // synchronous work has been handled by now.
+            await redis.ping();
+            return {
+              lost: handle.signal.aborted ? String(lostReason(handle.signal.reason) ?? handle.signal.reason) : 'no',
+              holders: Object.keys(await redis.hgetall(KEY)),
+              mine: [handle.owner],
+              pttlAbove20s: (await redis.pttl(KEY)) > 20_000,
+            };
+          },
+          WAIT,
+        ),
+      );
+      await refusedTwice(ran);
+      expect(await holder.release()).toBe(true);
+      const outcome = await w;
+      if (!outcome.ok) throw outcome.error;
+      expect(outcome.value).toEqual({
+        lost: 'no',
+        holders: outcome.value.mine,
+        mine: outcome.value.mine,
+        pttlAbove20s: true,
+      });
+    });
+
+    it('with enableAutoPipelining, the next waiter does not take the lock while a section that began with 300 ms of synchronous work is inside', async () => {
+      // As above, with ioredis auto-pipelining (a RedisOptions field the module passes through):
+      // commands are written on the next turn of the event loop, so nothing W's acquisition asks
+      // of Redis after handing W the lock is sent before W's synchronous work ends. C waits second
+      // in line. W's section goes on (awaiting I/O) after its synchronous work: C must not enter
+      // before W leaves.
+      const { server } = await ownServer();
+      const a = await app({ host: '127.0.0.1', port: server.port, enableAutoPipelining: true });
+      const b = await app(server.url);
+      const c = await app(server.url);
+      const sections = new Sections();
+      const holder = await b.locks.lock(NAME, LONG);
+      const ran = await scriptsRun(server);
+      const w = settle(
+        a.locks.withLock(
+          NAME,
+          async (handle) => {
+            sections.enter('W');
+            busyFor(300);
+            await sleep(300); // the rest of W's work, awaiting I/O
+            sections.exit('W');
+            return handle.signal.aborted;
+          },
+          WAIT,
+        ),
+      );
+      await refusedTwice(ran);
+      const cWaiting = nextEvent(c.locks, 'waiting');
+      const next = settle(
+        c.locks.withLock(
+          NAME,
+          async () => {
+            sections.enter('C');
+            await sleep(10);
+            sections.exit('C');
+          },
+          WAIT,
+        ),
+      );
+      await cWaiting; // C is second in Redis's line
+      expect(await holder.release()).toBe(true);
+      const [wOutcome, cOutcome] = await Promise.all([w, next]);
+      expect({
+        overlaps: sections.overlaps,
+        wLost: wOutcome.ok ? wOutcome.value : wOutcome.error,
+        cOk: cOutcome.ok,
+      }).toEqual({ overlaps: [], wLost: false, cOk: true });
     });
   });
 
@@ -336,6 +448,80 @@ describe('two holders never (issue 20)', () => {
         pttl: -2,
         ranTheMethod: 0,
       });
+    });
+  });
+
+  describe('finding 9: a dead shared waiter at the head of the line holds a free lock up', () => {
+    it.each([
+      { kind: 'reader', holder: { mode: 'write' }, dead: { mode: 'read' }, next: { mode: 'write' } },
+      { kind: 'permit waiter', holder: { permits: 1 }, dead: { permits: 1 }, next: { permits: 1 } },
+    ] as const)(
+      'a dead $kind at the head of the line costs the next waiter no more than a dead writer would (250 ms), not its lapse (3 s)',
+      async ({ holder, dead, next }) => {
+        // R's application is cut off from Redis (a blackhole: nothing passes either way) right
+        // after it took the head of the line: to Redis it is a process that died. Its place lapses
+        // 3 s after its last attempt. A dead exclusive head costs the next waiter the grant's
+        // 250 ms; a dead shared head must cost no more. The bound below (1 s) is well above
+        // that, and well below the 2 to 3 s it takes for R's place to lapse.
+        const { server } = await ownServer();
+        const proxy = await proxyTo(server);
+        const x = await app(server.url);
+        const r = await app(proxy.url, { operationTimeout: 500 });
+        const n = await app(server.url);
+        const held = await x.locks.lock(NAME, { ...holder, ...LONG });
+
+        const rWaiting = nextEvent(r.locks, 'waiting');
+        void settle(r.locks.lock(NAME, { ...dead, waitTime: 20_000 }));
+        await rWaiting; // R's first attempt was refused: it heads Redis's line
+        const nWaiting = nextEvent(n.locks, 'waiting');
+        const nextIn = settle(n.locks.lock(NAME, { ...next, ...WAIT }));
+        await nWaiting; // N is second
+        void proxy.blackhole(60_000); // R dies (ended when the proxy closes)
+
+        const releasedAt = performance.now();
+        expect(await held.release()).toBe(true);
+        const outcome = await nextIn;
+        const waitedMs = performance.now() - releasedAt;
+        expect(outcome.ok).toBe(true);
+        expect(waitedMs).toBeLessThan(1_000);
+        if (outcome.ok) await outcome.value.release();
+      },
+    );
+  });
+
+  describe('finding 10: the memory store wakes nobody when a head leaves while shared holds remain', () => {
+    it('memory store: when the writer heading the line gives up, the reader behind it joins the readers at once', async () => {
+      // R1 reads; W (a writer) waits at the head of the line; R2 (a reader) waits behind W, since
+      // a reader never overtakes a waiting writer. W gives up: R2 may now read alongside R1. On
+      // Redis the leave names R2 to look at once (1 to 12 ms); the memory store must wake it too,
+      // not leave it to its next look (a waiter looks again every second: ~740 ms measured).
+      const store = new MemoryLockStore();
+      const [a, b, c] = [
+        await app(undefined, { store }),
+        await app(undefined, { store }),
+        await app(undefined, { store }),
+      ];
+      const r1 = await a.locks.lock(NAME, { mode: 'read', ...LONG });
+      const cancel = new AbortController();
+      const wWaiting = nextEvent(b.locks, 'waiting');
+      const w = settle(b.locks.lock(NAME, { mode: 'write', ...WAIT, signal: cancel.signal }));
+      await wWaiting;
+      const r2Waiting = nextEvent(c.locks, 'waiting');
+      const r2 = settle(c.locks.lock(NAME, { mode: 'read', ...WAIT }));
+      await r2Waiting;
+      // R2's second look (once watching) follows its first at once, and was refused too: it now
+      // sleeps until its next look, 1 s away. 100 ms is far from both.
+      await sleep(100);
+
+      const leftAt = performance.now();
+      cancel.abort();
+      expect((await w).ok).toBe(false);
+      const outcome = await r2;
+      const waitedMs = performance.now() - leftAt;
+      expect(outcome.ok).toBe(true);
+      expect(waitedMs).toBeLessThan(300);
+      if (outcome.ok) await outcome.value.release();
+      await r1.release();
     });
   });
 
