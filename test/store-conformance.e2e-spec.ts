@@ -280,6 +280,34 @@ describe.each([redisStore, memoryStore, clusterStore, redlockStore].map((make) =
       await (w as { value: LockHandle }).value.release();
     });
 
+    it('read-write: when the writer heading the line gives up, a reader waiting behind it joins the readers at once', async ({
+      skip,
+    }) => {
+      if (!store.fair) skip('this store keeps no line');
+      // R1 reads; W waits to write, at the head of the line; R2 waits to read behind W (a reader
+      // never overtakes a waiting writer). W gives up: R2 may read alongside R1 now, and must be
+      // told so, not left to its next look (a waiter looks again every second).
+      const name = fresh('rw');
+      const r1 = await a.lock(name, { mode: 'read', lockWatchdogTimeout: 10_000 });
+      const cancel = new AbortController();
+      const writer = settle(b.lock(name, { mode: 'write', waitTime: 5_000, signal: cancel.signal }));
+      await sleep(50);
+      const reader = settle(a.lock(name, { mode: 'read', waitTime: 5_000 }));
+      // R2's attempts (the first, and the one once it listens) are refused; it sleeps until its
+      // next look, 1 s away. 100 ms is far from both.
+      await sleep(100);
+      const leftAt = performance.now();
+      cancel.abort();
+      expect((await writer).ok).toBe(false);
+      const woken = await reader;
+      const waitedMs = performance.now() - leftAt;
+      expect(woken.ok).toBe(true);
+      // Redis: 1 to 12 ms; the bound is for a busy 2-core machine, and well below the 1 s look.
+      expect(waitedMs).toBeLessThan(400);
+      await (woken as { value: LockHandle }).value.release();
+      await r1.release();
+    });
+
     it('semaphore: at most permits holders; a released permit wakes a waiter', async ({ skip }) => {
       if (!store.semaphores) {
         await expect(a.lock(fresh('sem'), { permits: 2 })).rejects.toMatchObject({ option: 'permits' });
