@@ -263,61 +263,71 @@ describe('two holders never (issue 20)', () => {
 
   describe('finding 2: a grant used twice after a timed-out attempt', () => {
     it('the next local waiter does not hold a lock that a timed-out attempt of its line took up and gave back', async () => {
-      // A (operationTimeout 50 ms, through the proxy) has two local waiters, W1 then W2. B holds
-      // the lock with a lease about to end, so W1, refused, sleeps only until then (~25 ms).
+      // A (operationTimeout 50 ms, through a proxy) has two local waiters, W1 then W2. B holds the
+      // lock with a lease about to end, so W1, refused, sleeps only until then (~25 ms).
       // Meanwhile B releases, granting the lock to A's place in Redis's line; the proxy holds
       // everything between A and Redis for 70 ms, so that W1's next attempt is sent before A hears
       // the grant, and reaches Redis after it was made: it takes the grant up, its answer is held
       // past operationTimeout, W1 fails and its hold is given back, which hands the lock to C
       // (waiting in another application). W2's turn comes next, with the grant heard: W2 must not
-      // enter while C is inside. (On 49a5415 W2 holds that grant at once, since its line's last
-      // refused attempt came less than half a grant's lease before: the bounds here are tight on
-      // purpose, B's lease must end soon enough and operationTimeout be short enough for that.)
+      // enter while C is inside.
+      //
+      // On 49a5415 W2 holds that grant at once if its turn comes within half a grant's lease
+      // (~120 ms) of its line's last refused attempt: B's lease (30 ms) and operationTimeout
+      // (50 ms) are tight on purpose, so that it does (W2's turn comes ~90 ms after). A busy
+      // machine can stretch that past 120 ms: the scenario runs 3 times, on 3 names, and
+      // must have happened at least once, with no overlap in any.
       const { server } = await ownServer();
-      const proxy = await proxyTo(server);
-      const a = await app(proxy.url, { operationTimeout: 50 });
       const b = await app(server.url);
       const c = await app(server.url);
-      const sections = new Sections();
-      const section = (who: string, ms: number) => async (): Promise<void> => {
-        sections.enter(who);
-        await sleep(ms);
-        sections.exit(who);
+
+      const round = async (name: string): Promise<{ raced: boolean; overlaps: string[] }> => {
+        const proxy = await proxyTo(server);
+        const a = await app(proxy.url, { operationTimeout: 50 });
+        const sections = new Sections();
+        const section = (who: string, ms: number) => async (): Promise<void> => {
+          sections.enter(who);
+          await sleep(ms);
+          sections.exit(who);
+        };
+
+        // A listens for the lock's releases from an earlier wait (the channel stays subscribed a
+        // second after it): W1 then sleeps on its first refused attempt without asking again.
+        const warm = await b.locks.lock(name, LONG);
+        const warmWaiting = nextEvent(a.locks, 'waiting', name);
+        const earlier = a.locks.lock(name, WAIT);
+        await warmWaiting;
+        await warm.release();
+        await (await earlier).release();
+
+        const held = await b.locks.lock(name, { expire: 30 });
+        const refused = proxy.delayReply(isScript(ACQUIRE_SCRIPT), 0); // W1's first attempt
+        const w1Waiting = nextEvent(a.locks, 'waiting', name);
+        const w1 = settle(a.locks.withLock(name, section('W1', 300), WAIT));
+        let next: Promise<unknown> = Promise.resolve();
+        const released = refused.then(async () => {
+          // W1's refusal is on its way to A; A has not read it yet.
+          void proxy.blackhole(70);
+          const late = proxy.delayReply(isScript(ACQUIRE_SCRIPT), 400); // W1's next attempt
+          const releasing = held.release(); // B is not behind the proxy: this runs at once
+          next = settle(c.locks.withLock(name, section('C', 300), WAIT));
+          return { bReleased: await releasing, late };
+        });
+        await w1Waiting;
+        const w2 = settle(a.locks.withLock(name, section('W2', 300), WAIT)); // behind W1 in A's own line
+        const { bReleased, late } = await released;
+        const w1Outcome = await w1;
+        await Promise.all([w2, next]);
+        if (w1Outcome.ok) return { raced: false, overlaps: sections.overlaps };
+        await late; // W1's attempt ran in Redis, and its answer came 400 ms later
+        // The race happened if B released before its lease ended and W1's attempt timed out.
+        return { raced: bReleased, overlaps: sections.overlaps };
       };
 
-      // A listens for the lock's releases from an earlier wait (the channel stays subscribed a
-      // second after it): W1 then sleeps on its first refused attempt without asking again.
-      const warm = await b.locks.lock(NAME, LONG);
-      const warmWaiting = nextEvent(a.locks, 'waiting');
-      const earlier = a.locks.lock(NAME, WAIT);
-      await warmWaiting;
-      await warm.release();
-      await (await earlier).release();
-
-      const held = await b.locks.lock(NAME, { expire: 30 });
-      const refused = proxy.delayReply(isScript(ACQUIRE_SCRIPT), 0); // W1's first attempt
-      const w1Waiting = nextEvent(a.locks, 'waiting');
-      const w1 = settle(a.locks.withLock(NAME, section('W1', 300), WAIT));
-      let w2: Promise<unknown> = Promise.resolve();
-      let next: Promise<unknown> = Promise.resolve();
-      const released = refused.then(async () => {
-        // W1's refusal is on its way to A; A has not read it yet.
-        void proxy.blackhole(70);
-        const late = proxy.delayReply(isScript(ACQUIRE_SCRIPT), 400); // W1's next attempt
-        const releasing = held.release(); // B is not behind the proxy: this runs at once
-        next = settle(c.locks.withLock(NAME, section('C', 300), WAIT));
-        return { released: await releasing, late };
-      });
-      await w1Waiting;
-      w2 = settle(a.locks.withLock(NAME, section('W2', 300), WAIT)); // behind W1 in A's own line
-      const { released: bReleased, late } = await released;
-      await late; // W1's next attempt ran in Redis, and its answer arrived 400 ms later
-      const w1Outcome = await w1;
-      await Promise.all([w2, next]);
-
-      // The race did happen: B released before its lease ended, and W1's attempt timed out.
-      expect({ bReleased, w1Failed: !w1Outcome.ok }).toEqual({ bReleased: true, w1Failed: true });
-      expect(sections.overlaps).toEqual([]);
+      const rounds: { raced: boolean; overlaps: string[] }[] = [];
+      for (let i = 1; i <= 3; i += 1) rounds.push(await round(`${NAME}-${i}`));
+      expect(rounds.some((r) => r.raced)).toBe(true);
+      expect(rounds.flatMap((r) => r.overlaps)).toEqual([]);
     });
   });
 
