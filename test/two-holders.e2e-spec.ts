@@ -245,7 +245,6 @@ describe('two holders never (issue 20)', () => {
       await dropped;
       // The fault did bite: the client sent the script again after reconnecting.
       expect(proxy.log.filter((seen) => isScript(FORCE_UNLOCK_SCRIPT)(seen.argv)).length).toBeGreaterThanOrEqual(2);
-      expect(removed.length).toBeGreaterThanOrEqual(1);
 
       await within(yInside.promise, 5_000, 'Y holding the lock X was freed of');
       // Both runs of the script are over: what Redis holds now is what the operator left.
@@ -253,11 +252,13 @@ describe('two holders never (issue 20)', () => {
       const yLost = yHandle?.signal.aborted;
       letGo.open();
       await Promise.all([yRun, zRun]);
-      expect({ holders, yLost, overlaps: sections.overlaps }).toEqual({
-        holders: [yHandle?.owner],
-        yLost: false,
-        overlaps: [],
-      });
+      expect({
+        holders,
+        yLost,
+        overlaps: sections.overlaps,
+        // What the operator is told was removed: X's hold, never the one Y holds now.
+        removedY: removed.some((holder) => holder.owner === yHandle?.owner),
+      }).toEqual({ holders: [yHandle?.owner], yLost: false, overlaps: [], removedY: false });
     });
   });
 
@@ -428,8 +429,8 @@ describe('two holders never (issue 20)', () => {
       // The release comes 400 ms after W's last refused attempt: later than a grant is held at
       // once (~120 ms), earlier than W's next attempt (1 s), so on 49a5415 W confirms the grant
       // with a renewal that takes it up with W's full lease. That take-up (whatever form it takes:
-      // any acquire or renew script A sends from now on) is answered after operationTimeout: W
-      // fails, and the hold taken in Redis must then be given back.
+      // any acquire or renew script A sends from now on) is answered after operationTimeout: it
+      // fails, and the hold it took in Redis must then be given back.
       const { server, redis } = await ownServer();
       const proxy = await proxyTo(server);
       const a = await app(proxy.url, { operationTimeout: 300 });
@@ -437,9 +438,8 @@ describe('two holders never (issue 20)', () => {
       const holder = await b.locks.lock(NAME, LONG);
       const waiting = nextEvent(a.locks, 'waiting');
       const w = settle(a.locks.lock(NAME, WAIT));
-      await waiting;
-      const lastMiss = performance.now(); // W's second attempt, once subscribed, follows within a few ms
-      await sleep(Math.max(0, lastMiss + 400 - performance.now()));
+      await waiting; // W's second attempt, once it listens for releases, follows within a few ms
+      await sleep(400);
 
       const takeUp = (argv: readonly string[]): boolean =>
         isScript(ACQUIRE_SCRIPT)(argv) || isScript(RENEW_SCRIPT)(argv);
@@ -452,11 +452,7 @@ describe('two holders never (issue 20)', () => {
       // Every caller is gone: the lock must be free soon (a give-back is one round trip), not held
       // for the rest of W's 30 s lease.
       const freed = await eventually(async () => (await redis.exists(KEY)) === 0, 1_000);
-      expect({ freed, pttl: await redis.pttl(KEY), wFailed: !outcome.ok }).toEqual({
-        freed: true,
-        pttl: -2,
-        wFailed: true,
-      });
+      expect({ freed, pttl: await redis.pttl(KEY) }).toEqual({ freed: true, pttl: -2 });
     });
   });
 
@@ -523,16 +519,19 @@ describe('two holders never (issue 20)', () => {
 
   describe('finding 9: a dead shared waiter at the head of the line holds a free lock up', () => {
     it.each([
+      // The baseline README states, which 49a5415 meets: a dead writer costs the grant's 250 ms.
+      { kind: 'writer', holder: { mode: 'write' }, dead: { mode: 'write' }, next: { mode: 'write' } },
       { kind: 'reader', holder: { mode: 'write' }, dead: { mode: 'read' }, next: { mode: 'write' } },
       { kind: 'permit waiter', holder: { permits: 1 }, dead: { permits: 1 }, next: { permits: 1 } },
     ] as const)(
-      'a dead $kind at the head of the line costs the next waiter no more than a dead writer would (250 ms), not its lapse (3 s)',
+      'a dead $kind at the head of the line holds a free lock up about as long as a grant lasts (250 ms), not until its place lapses (3 s)',
       async ({ holder, dead, next }) => {
         // R's application is cut off from Redis (a blackhole: nothing passes either way) right
         // after it took the head of the line: to Redis it is a process that died. Its place lapses
-        // 3 s after its last attempt. A dead exclusive head costs the next waiter the grant's
-        // 250 ms; a dead shared head must cost no more. The bound below (1 s) is well above
-        // that, and well below the 2 to 3 s it takes for R's place to lapse.
+        // 3 s after its last attempt. A dead exclusive head costs the next waiter N the grant's
+        // 250 ms (the first case); a dead reader or permit waiter must cost no more. The bound
+        // below (1 s) is well above that, and well below the 2 to 3 s it takes for R's place to
+        // lapse (what N waits on 49a5415).
         const { server } = await ownServer();
         const proxy = await proxyTo(server);
         const x = await app(server.url);
