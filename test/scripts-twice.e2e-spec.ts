@@ -649,7 +649,7 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
         call: (k) => store.acquire(k.lock, 'w2.try', LEASE.attempt, { waiter: 'w2', describe: described('w2') }),
       };
       const p = await judge(c);
-      expect(p.once).toEqual({ acquired: false, ttl: -3 });
+      expect(p.once).toEqual({ acquired: false, ttl: -3, turnMs: GRANT_MS }); // w1 has its grant's 250 ms
       // The re-sent copy finds the grant its first run made to w1 and answers as to any busy lock:
       // refused, with the grant's remaining lease instead of -3. Either way the caller waits.
       expect(p.twice.acquired).toBe(false);

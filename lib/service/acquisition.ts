@@ -236,7 +236,8 @@ export class Acquisition implements Attempter {
   }
 
   /**
-   * One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy.
+   * One fresh attempt: the handle, or when the lock is busy the holder's remaining lease in ms (or,
+   * free with others ahead in its line, how long their head has to take it; -3 when unknown).
    * With a `seat` (a waiting line's place in the store's line), the attempt keeps that place, or
    * takes up a grant to it (a release handed the lock to the head of the line): either way the hold
    * starts on the store's reply, with the caller's own lease counted from when the attempt was sent.
@@ -264,7 +265,9 @@ export class Acquisition implements Attempter {
     }
     if (!result.acquired) {
       if (seat) seat.missedAt = sentAt;
-      return result.ttl;
+      // Free with others ahead in the line: look again once the head's turn has passed, if no
+      // release (the head's) wakes this waiter before.
+      return result.ttl === -3 && result.turnMs !== undefined ? Math.max(0, result.turnMs) : result.ttl;
     }
     return this.keepInTime(name, key, owner, result.token, options, sentAt, keepOnShutdown, result.validMs);
   }

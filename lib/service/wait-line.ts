@@ -155,7 +155,8 @@ export class WaitLine {
         // (the subscription failed): poll with a short back-off, never past the lease either.
         // PTTL 0 is a lease with under a millisecond left (retry right after it), -1 a key with no
         // expiry at all (only a release can free it), -2 a key already gone (retry at once).
-        // -3: free, but others are ahead in the line (their release announcement names the head).
+        // -3: free, but others are ahead in the line (their release announcement names the head;
+        // a store that knows how long the head's turn lasts says so instead of -3).
         // A place in the line lapses unless renewed by an attempt every lineRefreshMs.
         const lease = Math.min(ttl === -1 || ttl === -3 ? Infinity : Math.max(0, ttl) + 1, this.store.lineRefreshMs);
         if (!watch) {

@@ -48,9 +48,11 @@ export type AcquireResult =
   | { readonly acquired: true; readonly token: number; readonly validMs?: number }
   /**
    * Not taken: `ttl` is the holder's remaining lease in ms (-1 when the key has none), or -3 when
-   * the lock is free but other waiters are ahead in its line.
+   * the lock is free but other waiters are ahead in its line; then `turnMs`, when the store knows
+   * it, is how long the head of the line has to take it before its turn passes (a head that died
+   * is out of the way by then).
    */
-  | { readonly acquired: false; readonly ttl: number };
+  | { readonly acquired: false; readonly ttl: number; readonly turnMs?: number };
 
 /** What an acquisition asks of the store besides the key, owner and lease. */
 export interface AcquireOptions {

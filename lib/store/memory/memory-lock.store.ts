@@ -128,10 +128,10 @@ export class MemoryLockStore implements LockStore {
     const at = now();
     const entry = this.entry(key);
     this.prune(entry, at);
-    const busy = (ttl: number): AcquireResult => {
+    const busy = (ttl: number, turnMs?: number): AcquireResult => {
       if (waiter) this.takePlace(entry, waiter, at);
       this.tidy(key, entry);
-      return { acquired: false, ttl };
+      return turnMs === undefined ? { acquired: false, ttl } : { acquired: false, ttl, turnMs };
     };
     if (entry.refusals > 0) {
       entry.refusals -= 1;
@@ -146,7 +146,7 @@ export class MemoryLockStore implements LockStore {
     const head = entry.line[0];
     // Free for the head of the line only; the head looks by itself (a release woke it, or its own
     // wait for the lease it was refused with ends now).
-    if (head && head.id !== waiter) return busy(-3);
+    if (head && head.id !== waiter) return busy(-3, head.deadline - at);
     if (head) entry.line.shift();
     const token = (this.lastToken += 1);
     const recorded = options.describe

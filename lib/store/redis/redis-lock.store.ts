@@ -179,8 +179,9 @@ export class RedisLockStore implements LockStore {
       this.abandon(key, owner, leaseMs, pending);
       throw error;
     }
-    const [taken, value] = reply as [number, number];
-    if (taken !== 1) return { acquired: false, ttl: value };
+    const [taken, value, turnMs] = reply as [number, number, number?];
+    if (taken !== 1)
+      return turnMs === undefined ? { acquired: false, ttl: value } : { acquired: false, ttl: value, turnMs };
     if (this.replicaAck) await this.confirmed(key, owner, leaseMs);
     return { acquired: true, token: value };
   }

@@ -29,11 +29,11 @@ import { LuaScript } from './lua-script';
  * KEYS[5]  optional: the lock's info hash, ARGV[8] and ARGV[9] as in acquire.script.ts
  * ARGV[10] ms a head named to look has to do so before its place lapses (see HEAD_TURN_LUA)
  *
- * Returns {1, token} when taken; {0, pttl, last} when an exclusive hold (a writer) has the key, or
- * a key of another type, pttl its remaining lease; {0, ms, last} when ARGV[7] shared holds have
- * it, ms until the first of their leases ends; {0, -3, last} when it could be taken but other
- * waiters are ahead in its line: a newcomer never jumps the line, so a writer that waits is not
- * overtaken by readers that come after it. `last` is the slot's last fencing token then.
+ * Returns {1, token} when taken; {0, pttl} when an exclusive hold (a writer) has the key, or a key
+ * of another type, pttl its remaining lease; {0, ms} when ARGV[7] shared holds have it, ms until
+ * the first of their leases ends; {0, -3, turn} when it could be taken but other waiters are ahead
+ * in its line: a newcomer never jumps the line, so a writer that waits is not overtaken by readers
+ * that come after it. `turn` is the ms until the head's place lapses unless it looks again.
  *
  * Each holder's lease is its own: a holder that died stops counting once its lease has ended
  * (its field is dropped by the next script that looks), without freeing anyone else's.
@@ -60,12 +60,12 @@ local now = redis.call('time')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 ${TAKE_PLACE_LUA}
 ${RECORD_LUA(8)}
-local function busy(ttl)
+local function busy(ttl, turn)
   if waiter ~= '' then
     take_place()
     record(waiter, '')
   end
-  return {0, ttl, tonumber(redis.call('get', fence)) or 0}
+  return {0, ttl, turn}
 end
 -- pcall: a key of another type answers WRONGTYPE, which means held by someone else
 local holders = redis.pcall('hgetall', key)
@@ -92,7 +92,7 @@ if not again and not granted then
   if redis.call('exists', line) == 1 then
     ${DROP_LAPSED_LUA}
     local head = redis.call('zrange', line, 0, 0)[1]
-    if head and head ~= waiter then return busy(-3) end
+    if head and head ~= waiter then return busy(-3, tonumber(redis.call('zscore', deadlines, head)) - ms) end
   end
 end
 if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end

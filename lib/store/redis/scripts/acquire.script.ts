@@ -19,11 +19,11 @@ import { LuaScript } from './lua-script';
  * KEYS[5]  optional: the lock's info hash (see `infoKeyFor`), ARGV[8] what to record there of the
  *          holder or waiter (its host, pid, application, caller), ARGV[9] how long to keep it
  *
- * Returns {1, token} when taken, {0, pttl, last} when another owner holds it (pttl -1: the key has
- * no expiry; a key of another type counts as held by someone else), and {0, -3, last} when it is
- * free but other waiters are ahead in its line: a newcomer never jumps the line. `last` is the
- * slot's last fencing token at that moment (0: none yet): a grant with a larger token was made
- * after this attempt ran.
+ * Returns {1, token} when taken, {0, pttl} when another owner holds it (pttl -1: the key has no
+ * expiry; a key of another type counts as held by someone else), and {0, -3, turn} when it is free
+ * but other waiters are ahead in its line: a newcomer never jumps the line. `turn` is how long the
+ * head has to take it (the grant this attempt made it, or its turn to look): a head that died is
+ * out of the way by then.
  *
  * The line exists only while someone waits: a waiter's place lapses ARGV[4] ms after its last
  * attempt (a waiter that died or gave up leaves by itself), lapsed places are dropped before the
@@ -67,7 +67,7 @@ if not free and redis.pcall('hexists', key, owner) ~= 1 then
     take_place()
     record(waiter, '')
   end
-  return {0, redis.call('pttl', key), tonumber(redis.call('get', fence)) or 0}
+  return {0, redis.call('pttl', key)}
 end
 if free and redis.call('exists', line) == 1 then
   local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -80,8 +80,8 @@ if free and redis.call('exists', line) == 1 then
     end
     local message, sharded, grant, waiting = ARGV[6], ARGV[5], tonumber(ARGV[7]), true
     ${GRANT_LUA}
-    -- the grant's token is the slot's last one now (none when the head waits for a shared hold)
-    return {0, -3, tonumber(granted)}
+    -- the head has grant ms at most to take it (its grant's lease, or its place's: HEAD_TURN_LUA)
+    return {0, -3, grant}
   end
   if head then
     redis.call('zrem', line, waiter)
