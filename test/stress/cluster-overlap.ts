@@ -1,7 +1,7 @@
 /**
  * Mutual exclusion on a real Redis Cluster at the density of "Two holders never", finding 4:
  *
- *   node -r ./test/support/ts-register.js test/stress/cluster-overlap.ts --runs N [--loops 8] [--apps 2]
+ *   npm run stress -- --cluster-overlap --runs N [--loops 8] [--apps 2]
  *     [--names 6] [--sections 40] [--repeat 30] [--cs-ms 1] [--wait-time 10000] [--watchdog 30000] [--hogs 0]
  *     [--keep-scripts]
  *
@@ -11,9 +11,9 @@
  * `locks.withLock(name, cs, { waitTime })` on `names` lock names spread over the three masters
  * (a `cs-ms` critical section); all of that `repeat` times (2 x 8 x 40 x 30 = 19,200 critical
  * sections per run with the defaults). Every critical section's enter and exit is recorded with
- * performance.now() (one process, one clock), with its handle's owner and fencing token; the
- * owner tells how the lock was taken (`<waiting line>:<token>`: a grant a release handed to the
- * line; otherwise an attempt of its own). Reported: two critical sections of one name inside at
+ * performance.now() (one process, one clock), with its handle's owner and fencing token (an owner
+ * `<waiting line>:<token>` is a grant held without a round trip of its own, which versions before
+ * "Two holders never" did). Reported: two critical sections of one name inside at
  * once, and a fencing token that repeats or decreases from one critical section of a name to the
  * next, each with its details. Exits 1 on any, 0 otherwise.
  *
@@ -37,7 +37,7 @@ import { keySlot } from '../../lib/store/redis/fence-key';
 import { type ClusterNodeInfo, RedisCluster } from '../support/cluster';
 
 const usage =
-  'usage: node -r ./test/support/ts-register.js test/stress/cluster-overlap.ts --runs N [--loops 8] [--apps 2] ' +
+  'usage: npm run stress -- --cluster-overlap --runs N [--loops 8] [--apps 2] ' +
   '[--names 6] [--sections 40] [--repeat 30] [--cs-ms 1] [--wait-time 10000] [--watchdog 30000] [--hogs 0] ' +
   '[--keep-scripts]';
 
@@ -320,8 +320,8 @@ function startHogs(count: number): ChildProcess[] {
   });
 }
 
-async function main(): Promise<number> {
-  const settings = settingsOf(process.argv.slice(2));
+export async function clusterOverlap(argv: string[]): Promise<number> {
+  const settings = settingsOf(argv);
   if (!settings) {
     console.log(usage);
     return 0;
@@ -374,10 +374,13 @@ async function main(): Promise<number> {
   return totals.overlaps + totals.tokens > 0 ? 1 : 0;
 }
 
-main().then(
-  (code) => process.exit(code),
-  (error: unknown) => {
-    console.error(error instanceof Error ? (error.stack ?? error.message) : error);
-    process.exit(2);
-  },
-);
+// Run directly (not when `npm run stress -- --cluster-overlap` imports it).
+if (require.main === module) {
+  clusterOverlap(process.argv.slice(2)).then(
+    (code) => process.exit(code),
+    (error: unknown) => {
+      console.error(error instanceof Error ? (error.stack ?? error.message) : error);
+      process.exit(2);
+    },
+  );
+}

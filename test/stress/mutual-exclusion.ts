@@ -12,10 +12,12 @@
  * Not a vitest test (vitest only picks up *.spec.ts / *.e2e-spec.ts).
  *
  * `npm run stress -- --faults ...` runs the randomized history check under network faults instead
- * (see fault-history.ts).
+ * (see fault-history.ts); `npm run stress -- --cluster-overlap ...` mutual exclusion on a Redis
+ * Cluster at high density (see cluster-overlap.ts).
  */
 import { parseArgs } from 'node:util';
 import { RedisServer } from '../support/redis-server';
+import { clusterOverlap } from './cluster-overlap';
 import { faultHistory } from './fault-history';
 import {
   describeRun,
@@ -106,7 +108,13 @@ async function main(): Promise<number> {
   }
 }
 
-(process.argv.includes('--faults') ? faultHistory(process.argv.slice(2)) : main()).then(
+const argv = process.argv.slice(2);
+(argv.includes('--faults')
+  ? faultHistory(argv)
+  : argv.includes('--cluster-overlap')
+    ? clusterOverlap(argv.filter((arg) => arg !== '--cluster-overlap'))
+    : main()
+).then(
   (code) => process.exit(code),
   (error: unknown) => {
     console.error(error instanceof Error ? error.message : error);
