@@ -277,13 +277,15 @@ export class RedisLockStore implements LockStore {
     const holds = [...pairs(fields)].map(([owner, value]): StoredHold => {
       const ends = Number(value);
       const exclusive = ends <= 1;
-      const waiter = /^([^:]+):/.exec(owner)?.[1];
+      // A grant not taken up yet (`<waiter>:<token>`) is described by its waiter, and carries its token.
+      const grant = /^([^:]+):(\d+)$/.exec(owner);
+      const recorded = parseRecord(descriptions.get(owner) ?? (grant ? descriptions.get(grant[1]) : undefined));
       return {
         owner,
         exclusive,
         ttl: exclusive ? pttl : ends - now,
         granted: value === '0',
-        recorded: parseRecord(descriptions.get(owner) ?? (waiter === undefined ? undefined : descriptions.get(waiter))),
+        recorded: grant && recorded ? { ...recorded, fencingToken: Number(grant[2]) } : recorded,
       };
     });
     const live = holds.filter((hold) => hold.exclusive || hold.ttl > 0);

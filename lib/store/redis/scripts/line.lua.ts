@@ -112,14 +112,10 @@ if head ~= '' and string.sub(head, 1, 1) ~= 's' then
   ${NEXT_TOKEN_LUA}
   granted = string.format('%.0f', token)
   redis.call('hset', key, head .. ':' .. granted, 0)
-  -- The head's description (recorded by its attempts, see RECORD_LUA) now describes the holder.
-  local described = KEYS[5] and redis.call('hget', KEYS[5], head)
-  if described then
-    redis.call('hdel', KEYS[5], head)
-    local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    local info = string.match(described, '^[^|]*|[^|]*|(.*)$') or ''
-    redis.call('hset', KEYS[5], head .. ':' .. granted, string.format('%.0f', ms) .. '|' .. granted .. '|' .. info)
-  end
+  -- The head's description (recorded by its attempts, see RECORD_LUA) stays under its waiter id,
+  -- which describes the grant too (see RedisLockStore.inspect): the attempt that takes the grant
+  -- up replaces it with its own, a leave drops it, and it lapses with the head's place otherwise.
+  -- (Moved under the grant's field, it outlived a grant that lapsed untaken.)
   redis.call('pexpire', key, grant)
   redis.call('zrem', line, head)
   redis.call('zrem', deadlines, head)
