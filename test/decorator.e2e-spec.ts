@@ -568,8 +568,8 @@ describe('@DisLock on plain providers', () => {
       expect((results[4] as KeyResolutionError).cause).toBe(keyFunctionError);
       expect(probe).not.toHaveBeenCalled();
       expect(keyed.invoked).toBe(before);
-      // Earlier tests of this app left fencing counters (`#fence:{…}`) behind; no lock key is here.
-      expect((await redis.keys(`${t.prefix}*`)).filter((key) => !key.includes('#fence:{'))).toEqual([]);
+      // Earlier tests of this app left fencing counters (`#fence:{…}`, and the data set's marker) behind; no lock key is here.
+      expect((await redis.keys(`${t.prefix}*`)).filter((key) => !key.includes('#fence:'))).toEqual([]);
     });
 
     it('an Observable method fails on subscribe with KeyResolutionError, before running', async () => {

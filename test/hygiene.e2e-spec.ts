@@ -17,7 +17,8 @@ import type { LiveResource } from './support/workers/hygiene-worker';
 const WORKER = 'hygiene-worker.ts';
 
 /** What may stay under a prefix once every lock is released: fencing counters, one per hash slot at most. */
-const FENCE_KEY = /#fence:\{[^}]+\}$/;
+/** A slot's fencing counter, or the data set's marker (see EPOCH_SCRIPT): the keys that stay. */
+const FENCE_KEY = /#fence:(epoch)?(\{[^}]+\})?$/;
 const HASH_SLOTS = 16_384;
 
 /** Every key under `prefix` (SCAN, not KEYS). */

@@ -24,6 +24,8 @@ const LAG_WINDOW_MS = 15_000;
 export type WatchdogDue =
   /** Renew it (a watchdog lock, between renewals). */
   | 'renew'
+  /** Check that Redis still has it (a fixed lease: verified on the renewal schedule, never extended). */
+  | 'check'
   /** Its lease ends: the fixed `expire`, the last lease after `maxRenewTimes`, or a lease that ran out while renewing. */
   | 'expired'
   | 'max-renewals'
@@ -40,8 +42,11 @@ export type WatchdogDue =
  *   first); once the lease is past, the lock is lost, on time even while a renewal is still
  *   waiting for an answer. At `maxRenewTimes` renewal stops with a warning and the lock counts as
  *   lost when its last lease runs out.
- * - Fixed leases (`expire`) are not renewed; the lock counts as lost if it is still held when the
- *   lease ends.
+ * - Fixed leases (`expire`) are not renewed, but checked on the same schedule (every `expire / 3`,
+ *   batched with the renewals: a key evicted, flushed or deleted under its holder is noticed within
+ *   an interval); the lock counts as lost if it is still held when the lease ends.
+ * - `verify` checks locks at once, out of their schedule (Redis may have lost them: its connection
+ *   came back, its data set changed).
  *
  * A lost lock is handed to `onLost` (which aborts its signal and tells the hooks). The timer is
  * unref'd and its callback never throws.
@@ -69,6 +74,30 @@ export class Watchdog {
    */
   start(lock: HeldLock): void {
     if (lock.renewing) this.plan(lock, lock.acquiredAt + this.interval(lock), 'renew');
+    else this.planCheck(lock, lock.acquiredAt + this.interval(lock));
+  }
+
+  /**
+   * Check `locks` now, out of their schedule: Redis may have lost them (`why`). One batch; a lock
+   * found gone is lost (`not-owner`); a check that fails changes nothing (the schedule goes on).
+   */
+  verify(locks: readonly HeldLock[], why: string): void {
+    const held = locks.filter((lock) => lock.state === 'held');
+    if (held.length === 0) return;
+    this.store
+      .renew(held.map((lock) => ({ key: lock.key, owner: lock.owner, leaseMs: lock.leaseMs, check: true })))
+      .then((outcomes) =>
+        held.forEach((lock, i) => {
+          if (outcomes[i] === false)
+            this.lose(lock, 'not-owner', `${why}, and a check found it gone or held by another owner`);
+        }),
+      )
+      .catch((error: unknown) => this.report(error));
+  }
+
+  /** A fixed lease: its next check at `at`, or its end if that comes first. */
+  private planCheck(lock: HeldLock, at: number): void {
+    if (at < lock.leaseEndsAt) this.plan(lock, at, 'check');
     else this.plan(lock, lock.leaseEndsAt, 'expired');
   }
 
@@ -79,7 +108,7 @@ export class Watchdog {
   lagMs(): number {
     this.rollLag(now());
     const head = this.schedule.peek();
-    const overdue = head && head.due === 'renew' ? Math.max(0, now() - head.dueAt) : 0;
+    const overdue = head && (head.due === 'renew' || head.due === 'check') ? Math.max(0, now() - head.dueAt) : 0;
     return Math.max(this.lag.current, this.lag.previous, overdue);
   }
 
@@ -103,8 +132,9 @@ export class Watchdog {
     this.onLost(lock, reason, detail, cause);
   }
 
+  /** A third of the lease: between renewals, or between the checks of a fixed lease. */
   private interval(lock: HeldLock): number {
-    return Math.max(1, Math.floor(lock.options.lockWatchdogTimeout / 3));
+    return Math.max(1, Math.floor(lock.leaseMs / 3));
   }
 
   private plan(lock: HeldLock, at: number, due: WatchdogDue): void {
@@ -138,13 +168,14 @@ export class Watchdog {
       const at = now();
       const batch: HeldLock[] = [];
       for (let lock = this.schedule.peek(); lock && batch.length < MAX_RENEWALS_PER_TICK; lock = this.schedule.peek()) {
-        const early = lock.due === 'renew' ? Math.min(BATCH_WINDOW_MS, this.interval(lock) / 4) : 0;
+        const periodic = lock.due === 'renew' || lock.due === 'check';
+        const early = periodic ? Math.min(BATCH_WINDOW_MS, this.interval(lock) / 4) : 0;
         if (lock.dueAt > at + early) break;
         this.schedule.pop();
         const due = lock.due;
         lock.due = undefined;
         if (lock.state !== 'held') continue;
-        if (due === 'renew') {
+        if (due === 'renew' || due === 'check') {
           lock.renewDueAt = lock.dueAt;
           this.rollLag(at);
           this.lag.current = Math.max(this.lag.current, at - lock.dueAt);
@@ -164,7 +195,7 @@ export class Watchdog {
     this.logger.error(`Lock watchdog failed unexpectedly: ${describeError(error)}`);
   }
 
-  private leaseEnded(lock: HeldLock, due: Exclude<WatchdogDue, 'renew'>): void {
+  private leaseEnded(lock: HeldLock, due: Exclude<WatchdogDue, 'renew' | 'check'>): void {
     if (due === 'expired') {
       this.lose(lock, due, `its fixed lease of ${lock.options.expire} ms ran out while it was still held`);
     } else if (due === 'max-renewals') {
@@ -179,6 +210,12 @@ export class Watchdog {
     const sentAt = now();
     const sending: HeldLock[] = [];
     for (const lock of locks) {
+      if (!lock.renewing) {
+        // A fixed lease's check: its end stays where it is, whenever the answer comes.
+        this.plan(lock, lock.leaseEndsAt, 'expired');
+        sending.push(lock);
+        continue;
+      }
       if (sentAt >= lock.leaseEndsAt) {
         this.leaseEnded(lock, 'lease-expired');
         continue;
@@ -190,24 +227,38 @@ export class Watchdog {
     }
     if (sending.length === 0) return;
     const outcomes = await this.store.renew(
-      sending.map((lock) => ({ key: lock.key, owner: lock.owner, leaseMs: lock.leaseMs })),
+      sending.map((lock) => ({ key: lock.key, owner: lock.owner, leaseMs: lock.leaseMs, check: !lock.renewing })),
     );
-    sending.forEach((lock, i) => this.renewed(lock, outcomes[i], sentAt));
+    sending.forEach((lock, i) =>
+      lock.renewing ? this.renewed(lock, outcomes[i], sentAt) : this.checked(lock, outcomes[i]),
+    );
+  }
+
+  /** Apply a fixed lease's check from a batch: gone is lost; otherwise on to the next check. */
+  private checked(lock: HeldLock, outcome: boolean | { readonly error: unknown }): void {
+    if (lock.state !== 'held') return;
+    if (outcome === false) {
+      this.lose(lock, 'not-owner', 'a check of its fixed lease found it gone or held by another owner');
+      return;
+    }
+    if (lock.due === 'expired') this.planCheck(lock, now() + this.interval(lock));
   }
 
   /** Apply one lock's answer from a batch. */
   private renewed(lock: HeldLock, outcome: boolean | { readonly error: unknown }, sentAt: number): void {
-    if (lock.state !== 'held' || lock.due !== 'lease-expired') return; // released, lost or moved on meanwhile
+    if (lock.state !== 'held') return;
+    // Gone is gone, whatever else is on its way (a renewal never re-creates a key).
+    if (outcome === false) {
+      this.lose(lock, 'not-owner', 'a renewal found it gone or held by another owner');
+      return;
+    }
+    if (lock.due !== 'lease-expired') return; // moved on meanwhile
     if (typeof outcome === 'object') {
       lock.lastError = outcome.error;
       if (this.events.listens('renewal-failed')) {
         this.events.emit('renewal-failed', lock.eventBase, { owner: lock.owner, error: outcome.error });
       }
       this.plan(lock, now() + Math.min(this.interval(lock), lock.leaseEndsAt - now()), 'renew');
-      return;
-    }
-    if (!outcome) {
-      this.lose(lock, 'not-owner', 'a renewal found it gone or held by another owner');
       return;
     }
     lock.lastError = undefined;

@@ -12,6 +12,8 @@ export interface DisLockHealth {
   readonly heldLocks: number;
   /** Why it is down. */
   readonly message?: string;
+  /** What endangers locks although Redis answers (an eviction policy that may evict them); the status stays up. */
+  readonly warnings?: readonly string[];
 }
 
 /** Options of `DisLockHealthIndicator.isHealthy`. */
@@ -53,6 +55,7 @@ export class DisLockHealthIndicator {
         renewalLagMs: Math.round(renewalLagMs),
         heldLocks,
         ...(problems.length > 0 && { message: problems.join('; ') }),
+        ...(store.up && store.warnings && { warnings: store.warnings }),
       },
     };
   }

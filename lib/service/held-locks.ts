@@ -7,6 +7,7 @@ import { LockLostError, type LockLostReason, RedisUnavailableError } from '../er
 import type { LockEvents } from '../events/lock-events';
 import type { LockStore, RenewOutcome } from '../store/lock-store.interface';
 import type { LossReporter } from './loss-reporter';
+import { LossWatch } from './loss-watch';
 import { redisFailed } from './redis-failed';
 import type { WaitLine } from './wait-line';
 
@@ -31,6 +32,7 @@ export class HeldLocks implements HoldKeeper {
   /** Locks held now, released at shutdown; an entry lives only while held. */
   private readonly held = new Set<HeldLock>();
   private readonly watchdog: Watchdog;
+  private readonly lossWatch: LossWatch;
 
   constructor(
     private readonly store: LockStore,
@@ -47,6 +49,12 @@ export class HeldLocks implements HoldKeeper {
       (fn) => scope.outside(fn),
       events,
     );
+    this.lossWatch = new LossWatch(
+      store,
+      () => [...this.held],
+      (locks, why) => this.watchdog.verify(locks, why),
+      (fn) => scope.outside(fn),
+    );
   }
 
   /** Start keeping a lock just taken in Redis: renewed, or watched until its fixed lease ends. */
@@ -54,6 +62,12 @@ export class HeldLocks implements HoldKeeper {
     this.held.add(lock);
     this.events.heldChanged(1);
     this.watchdog.start(lock);
+    this.lossWatch.holding();
+  }
+
+  /** Shutdown: nothing is held any more, nothing to watch. */
+  close(): void {
+    this.lossWatch.close();
   }
 
   /** How many locks are held now. */
@@ -291,6 +305,7 @@ export class HeldLocks implements HoldKeeper {
   private settle(lock: HeldLock, state: HeldLock['state']): void {
     this.watchdog.stop(lock);
     if (this.held.delete(lock)) this.events.heldChanged(-1);
+    if (this.held.size === 0) this.lossWatch.idle();
     lock.state = state;
   }
 }

@@ -251,6 +251,7 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
 
   /** Closes the Redis client if the module created it. */
   async onApplicationShutdown(): Promise<void> {
+    this.held.close();
     await this.store.close();
   }
 

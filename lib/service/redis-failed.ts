@@ -1,4 +1,9 @@
-import { RedisUnavailableError, RedlockQuorumError, ReplicationNotConfirmedError } from '../errors';
+import {
+  RedisOutOfMemoryError,
+  RedisUnavailableError,
+  RedlockQuorumError,
+  ReplicationNotConfirmedError,
+} from '../errors';
 import { ReplicaShortfallError, StoreTimeoutError } from '../store/store-errors';
 
 /**
@@ -15,6 +20,12 @@ export function redisFailed(
   if (error instanceof RedlockQuorumError) return error;
   if (error instanceof ReplicaShortfallError) {
     return new ReplicationNotConfirmedError(name, error.confirmed, error.required, error.timeoutMs);
+  }
+  if (error instanceof Error && error.message.startsWith('OOM ')) {
+    const why = "Redis is out of memory (used memory is over its 'maxmemory', and it refuses new writes)";
+    return new RedisOutOfMemoryError(operation, name, `Could not ${operation} lock "${name}": ${why}`, {
+      cause: error,
+    });
   }
   const why =
     error instanceof StoreTimeoutError ? `Redis did not answer within ${error.timeoutMs} ms` : 'Redis is unavailable';

@@ -93,7 +93,9 @@ export interface StoredLock {
 
 /** What `LockStore.health` finds: the backend answers and runs the lock scripts, or why not. */
 export type StoreHealth =
-  { readonly up: true; readonly latencyMs: number } | { readonly up: false; readonly problem: string };
+  /** `warnings`: what answers but endangers locks (a Redis that may evict them when full). */
+  | { readonly up: true; readonly latencyMs: number; readonly warnings?: readonly string[] }
+  | { readonly up: false; readonly problem: string };
 
 /** Whether an owner still holds its lock, and the key's remaining lease in ms (-2: no key). */
 export interface CheckResult {
@@ -112,6 +114,11 @@ export interface RenewRequest {
    * `leaseMs` afterwards, never shortened.
    */
   readonly exact?: boolean;
+  /**
+   * Only tell whether the owner still holds it, changing nothing (a fixed lease, verified on the
+   * renewal schedule but never extended); `leaseMs` is then ignored.
+   */
+  readonly check?: boolean;
 }
 
 /** Outcome of one renewal: `true` renewed, `false` not the owner (nothing changed), or why it could not be asked. */
@@ -213,6 +220,20 @@ export interface LockStore {
    * announced meanwhile was not heard.
    */
   watch(key: string, place?: LinePlace, since?: number): Promise<ReleaseWatch>;
+  /**
+   * Which of `held` (keys this application holds locks on) the backend may have lost since the
+   * previous call: those on a server whose data set was flushed or replaced meanwhile (a restart
+   * without persistence, FLUSHALL), none otherwise. One small command per server; `LockService`
+   * asks about twice a second while it holds locks, and checks the keys named at once (a dropped
+   * connection is `onReconnect`'s). Never rejects (a probe that fails names none).
+   */
+  suspect(held: readonly string[]): Promise<readonly string[]>;
+  /**
+   * Call `listener` each time the store's connection to the backend comes back after a drop: the
+   * backend may have restarted without its data, so held locks are checked at once. Returns a
+   * function that stops it.
+   */
+  onReconnect(listener: () => void): () => void;
   /**
    * Check once, at startup, that the backend allows every operation the store needs. Rejects with
    * `RedisAccessError` naming what is refused (an ACL permission, scripting); a backend that does

@@ -183,13 +183,13 @@ export class MemoryLockStore implements LockStore {
 
   private renewNow(requests: readonly RenewRequest[]): RenewOutcome[] {
     const at = now();
-    return requests.map(({ key, owner, leaseMs, exact }) => {
+    return requests.map(({ key, owner, leaseMs, exact, check }) => {
       const entry = this.entries.get(key);
       if (!entry) return false;
       this.prune(entry, at);
       const hold = entry.holds.get(owner);
       if (!hold) return false;
-      hold.endsAt = exact ? at + leaseMs : Math.max(hold.endsAt, at + leaseMs);
+      if (!check) hold.endsAt = exact ? at + leaseMs : Math.max(hold.endsAt, at + leaseMs);
       return true;
     });
   }
@@ -262,6 +262,16 @@ export class MemoryLockStore implements LockStore {
   /** Every watch of a key is woken by each release of it: the place and `since` change nothing here. */
   watch(key: string, _place?: LinePlace, _since?: number): Promise<ReleaseWatch> {
     return Promise.resolve(this.watchNow(key));
+  }
+
+  /** Nothing here is lost behind its holders' backs. */
+  suspect(): Promise<readonly string[]> {
+    return Promise.resolve([]);
+  }
+
+  /** No connection to lose. */
+  onReconnect(): () => void {
+    return () => undefined;
   }
 
   async verify(): Promise<void> {}

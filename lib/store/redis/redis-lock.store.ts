@@ -2,7 +2,9 @@ import { AsyncResource } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import type { ChainableCommander, Cluster, Redis } from 'ioredis';
 import { describeError } from '../../core/describe-error';
+import { Logger } from '@nestjs/common';
 import { checkRedisAccess, refusal } from './access-check';
+import { evictionWarnings } from './eviction-check';
 import { ACQUIRE_SHARED_SCRIPT } from './scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
 import type { LuaScript } from './scripts/lua-script';
@@ -11,6 +13,7 @@ import { LEAVE_SCRIPT } from './scripts/leave.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
 import { RENEW_SCRIPT } from './scripts/renew.script';
 import { FENCE_MARKER, fenceKeyFor, infoKeyFor, keySlot, LINE_MARKER, lineKeysFor, slotTag } from './fence-key';
+import { EPOCH_SCRIPT } from './scripts/epoch.script';
 import { FORCE_UNLOCK_SCRIPT } from './scripts/force-unlock.script';
 import { INSPECT_SCRIPT } from './scripts/inspect.script';
 import type {
@@ -124,7 +127,20 @@ export class RedisLockStore implements LockStore {
   private connectionError: Error | undefined;
   /** How many times the client's connection has closed: a command in flight across one may have run twice. */
   private connections = 0;
-  private readonly countConnection = (): void => void (this.connections += 1);
+  private readonly countConnection = (): void => {
+    this.connections += 1;
+  };
+  /** Told when the connection is back after a drop (see `onReconnect`). */
+  private readonly reconnectListeners = new Set<() => void>();
+  /** The closes `reconnected` has seen; a 'ready' with more behind it is a reconnection. */
+  private connectionsSeenReady = 0;
+  private readonly reconnected = (): void => {
+    if (this.connections === this.connectionsSeenReady) return; // the first connection, not a comeback
+    this.connectionsSeenReady = this.connections;
+    for (const listener of [...this.reconnectListeners]) listener();
+  };
+  /** Each data-set marker this store has read (see EPOCH_SCRIPT), by key: its value then. */
+  private readonly epochs = new Map<string, string>();
   /** This store's own release announcements, until it knows whether each has woken the local waiters. */
   private readonly echoes: ReleaseEchoes;
 
@@ -253,6 +269,54 @@ export class RedisLockStore implements LockStore {
     return result;
   }
 
+  onReconnect(listener: () => void): () => void {
+    this.reconnectListeners.add(listener);
+    return () => void this.reconnectListeners.delete(listener);
+  }
+
+  async suspect(held: readonly string[]): Promise<readonly string[]> {
+    if (held.length === 0) return [];
+    const suspects: string[] = [];
+    await Promise.all(
+      [...this.markersOf(held)].map(async ([marker, keys]) => {
+        let value: string;
+        try {
+          value = (await this.run(EPOCH_SCRIPT, [marker], [randomBytes(8).toString('hex')])) as string;
+        } catch {
+          return; // no answer, no news
+        }
+        const seen = this.epochs.get(marker);
+        this.epochs.set(marker, value);
+        if (seen !== undefined && seen !== value) suspects.push(...keys);
+      }),
+    );
+    return suspects;
+  }
+
+  /**
+   * The data-set markers that vouch for `held`: one on a single server; on a Cluster one per
+   * master, in the lowest slot of a held key there (so that it stays put while that lock is held).
+   */
+  private markersOf(held: readonly string[]): Map<string, readonly string[]> {
+    if (!this.cluster) return new Map([[`${this.keyPrefix}${FENCE_MARKER}epoch`, held]]);
+    const byNode = new Map<string, { slot: number; keys: string[] }>();
+    for (const key of held) {
+      const slot = keySlot(this.clientPrefix + key);
+      const node = (this.client as Cluster).slots[slot]?.[0] ?? '';
+      const entry = byNode.get(node);
+      if (!entry) byNode.set(node, { slot, keys: [key] });
+      else {
+        entry.keys.push(key);
+        entry.slot = Math.min(entry.slot, slot);
+      }
+    }
+    const markers = new Map<string, readonly string[]>();
+    for (const { slot, keys } of byNode.values()) {
+      markers.set(`${this.keyPrefix}${FENCE_MARKER}epoch{${slotTag(slot)}}`, keys);
+    }
+    return markers;
+  }
+
   giveBack(key: string, owner: string, leaseMs: number): Promise<void> {
     return giveBackHold(
       () => this.release(key, owner),
@@ -313,15 +377,20 @@ export class RedisLockStore implements LockStore {
     try {
       // EVAL, not EVALSHA: what runs after a restart or SCRIPT FLUSH must work too.
       await this.bounded(this.client.eval(CHECK_SCRIPT.source, 1, probe, 'health'));
-      return { up: true, latencyMs: performance.now() - sentAt };
+      const latencyMs = performance.now() - sentAt;
+      const warnings = await evictionWarnings(this.client, (operation) => this.bounded(operation));
+      return warnings.length > 0 ? { up: true, latencyMs, warnings } : { up: true, latencyMs };
     } catch (error) {
       const refused = refusal(error, this.clientPrefix + probe, this.clientPrefix + probe);
       return { up: false, problem: refused ? `Redis refuses ${refused}` : describeError(error) };
     }
   }
 
-  verify(): Promise<void> {
-    return checkRedisAccess(this.client, this.keyPrefix, this.operationTimeout);
+  async verify(): Promise<void> {
+    await checkRedisAccess(this.client, this.keyPrefix, this.operationTimeout);
+    for (const warning of await evictionWarnings(this.client, (operation) => this.bounded(operation))) {
+      new Logger('DisLock').warn(warning);
+    }
   }
 
   watch(key: string, place?: LinePlace, since?: number): Promise<ReleaseWatch> {
@@ -331,6 +400,7 @@ export class RedisLockStore implements LockStore {
   async close(): Promise<void> {
     this.closed = true;
     this.watchConnections(false);
+    this.reconnectListeners.clear();
     this.releases.close();
     // Operations still under way keep their deadlines: the sweep stops by itself once they settle.
     if (this.deadlines.size === 0) this.sweep();
@@ -356,21 +426,18 @@ export class RedisLockStore implements LockStore {
    * Cluster each node's (a Cluster client re-sends a command whose node connection closed).
    */
   private watchConnections(on: boolean): void {
-    if (!this.cluster) {
-      if (on) this.client.on('close', this.countConnection);
-      else this.client.off('close', this.countConnection);
-      return;
+    const connections = this.cluster ? (this.client as Cluster).nodes() : [this.client as Redis];
+    for (const connection of connections) {
+      if (on) this.watchNode(connection);
+      else connection.off('close', this.countConnection).off('ready', this.reconnected);
     }
-    const cluster = this.client as Cluster;
-    for (const node of cluster.nodes()) {
-      if (on) node.on('close', this.countConnection);
-      else node.off('close', this.countConnection);
-    }
-    if (on) cluster.on('+node', this.watchNode);
-    else cluster.off('+node', this.watchNode);
+    if (!this.cluster) return;
+    if (on) this.client.on('+node', this.watchNode);
+    else this.client.off('+node', this.watchNode);
   }
 
-  private readonly watchNode = (node: Redis): void => void node.on('close', this.countConnection);
+  private readonly watchNode = (node: Redis): void =>
+    void node.on('close', this.countConnection).on('ready', this.reconnected);
 
   /**
    * An acquisition whose outcome is unknown may have run, or may still run (the command waits in
@@ -413,10 +480,10 @@ export class RedisLockStore implements LockStore {
         calls.push({
           indexes,
           keys: indexes.map((i) => requests[i].key),
-          args: indexes.flatMap((i) => [
-            requests[i].owner,
-            requests[i].exact ? -requests[i].leaseMs : requests[i].leaseMs,
-          ]),
+          args: indexes.flatMap((i) => {
+            const { owner, leaseMs, exact, check } = requests[i];
+            return [owner, check ? 0 : exact ? -leaseMs : leaseMs];
+          }),
         });
       }
     }

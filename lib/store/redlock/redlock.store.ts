@@ -249,6 +249,17 @@ export class RedlockStore implements LockStore {
     });
   }
 
+  /** Keys any node may have lost: a lock a node forgot may still hold on a quorum, which the check decides. */
+  async suspect(held: readonly string[]): Promise<readonly string[]> {
+    const named = await Promise.all(this.nodes.map((node) => node.store.suspect(held)));
+    return [...new Set(named.flat())];
+  }
+
+  onReconnect(listener: () => void): () => void {
+    const stops = this.nodes.map((node) => node.store.onReconnect(listener));
+    return () => stops.forEach((stop) => stop());
+  }
+
   /** Redlock keeps no line of waiters (its nodes could order them differently): waiters race, as they did before lines. */
   readonly lineRefreshMs = Infinity;
   /** Each node is a Redis store, with its own keys beside the locks. */

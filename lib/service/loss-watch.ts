@@ -1,0 +1,73 @@
+import type { HeldLock } from '../core/lock-handle';
+import type { LockStore } from '../store/lock-store.interface';
+
+/**
+ * How often the store is asked whether Redis lost held locks behind their holders' backs (see
+ * `LockStore.suspect`), while any is held: a loss becomes a report within this and a round trip.
+ */
+export const PROBE_MS = 500;
+
+/**
+ * Notices when Redis may have lost the locks this application holds, without any renewal being
+ * due: its connection came back after a drop (a restart without persistence), or its data set was
+ * replaced (FLUSHALL, a restart between two probes). The locks concerned are checked at once.
+ * One store call per `PROBE_MS` while locks are held, none otherwise; its timer never keeps the
+ * process alive.
+ */
+export class LossWatch {
+  private timer: NodeJS.Timeout | undefined;
+  private probing = false;
+  private readonly stopListening: () => void;
+
+  constructor(
+    private readonly store: LockStore,
+    /** The locks held now. */
+    private readonly held: () => readonly HeldLock[],
+    /** Check these locks at once: Redis may have lost them (`why`). */
+    private readonly check: (locks: readonly HeldLock[], why: string) => void,
+    /** Runs the timer's setup outside every caller's lock scope (see LockScope.outside). */
+    private readonly outside: <T>(fn: () => T) => T,
+  ) {
+    this.stopListening = store.onReconnect(() => {
+      const locks = this.held();
+      if (locks.length > 0) {
+        this.check(locks, 'the connection to Redis came back after a drop (Redis may have restarted without its data)');
+      }
+    });
+  }
+
+  /** A lock is held: probe while any is. */
+  holding(): void {
+    if (this.timer) return;
+    this.timer = this.outside(() => setInterval(() => this.probe(), PROBE_MS));
+    this.timer.unref();
+  }
+
+  /** No lock is held any more: stop probing. */
+  idle(): void {
+    clearInterval(this.timer);
+    this.timer = undefined;
+  }
+
+  close(): void {
+    this.idle();
+    this.stopListening();
+  }
+
+  private probe(): void {
+    const locks = this.held();
+    if (locks.length === 0) return this.idle();
+    if (this.probing) return; // the last probe is still on its way (Redis is slow, or away)
+    this.probing = true;
+    this.store
+      .suspect([...new Set(locks.map((lock) => lock.key))])
+      .then((suspects) => {
+        if (suspects.length === 0) return;
+        const named = new Set(suspects);
+        const gone = this.held().filter((lock) => named.has(lock.key));
+        this.check(gone, "Redis's data set changed (a restart without persistence, or FLUSHALL)");
+      })
+      .catch(() => undefined)
+      .finally(() => (this.probing = false));
+  }
+}
