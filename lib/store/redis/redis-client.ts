@@ -41,12 +41,13 @@ function isClient(connection: RedisConnection): connection is RedisClient {
 
 /**
  * How long a created client waits before reconnect attempt `times` (1, 2, ...): 50 ms doubling up to
- * 1 s, plus at most a tenth of that at random. ioredis 6's own default waits up to 5 s plus up to
- * 200 ms (the jitter applies to the first attempt too); a lock library wants its waiters woken and
- * its leases renewed soon after Redis is back, and its few connections cost a server little.
+ * 400 ms, plus at most a tenth of that at random. ioredis 6's own default waits up to 5 s plus up to
+ * 200 ms (the jitter applies to the first attempt too); a lock library wants its waiters woken, its
+ * leases renewed and its holders told what Redis lost within a second of Redis being back (its held
+ * locks are checked as soon as the connection is), and its few connections cost a server little.
  */
 export function reconnectDelay(times: number): number {
-  const delay = Math.min(50 * 2 ** Math.min(Math.max(times, 1) - 1, 5), 1_000);
+  const delay = Math.min(50 * 2 ** Math.min(Math.max(times, 1) - 1, 5), 400);
   return delay + Math.floor(Math.random() * (delay / 10));
 }
 

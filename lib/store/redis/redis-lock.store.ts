@@ -285,9 +285,11 @@ export class RedisLockStore implements LockStore {
         } catch {
           return; // no answer, no news
         }
+        // A marker read for the first time vouches for nothing yet (Redis may have lost these locks
+        // before it was first read, and another process then set it): check them once.
         const seen = this.epochs.get(marker);
         this.epochs.set(marker, value);
-        if (seen !== undefined && seen !== value) suspects.push(...keys);
+        if (seen !== value) suspects.push(...keys);
       }),
     );
     return suspects;
