@@ -109,7 +109,7 @@ export function plan(profile: Profile): CellSpec[] {
     }
   }
   for (const locks of RENEWAL_LOCKS) {
-    for (const contender of ['redis-semaphore', 'dislock-service'] as const) {
+    for (const contender of ['redis-semaphore', 'dislock-service', 'dislock-fixed'] as const) {
       cells.push(cell('renewal', contender, String(locks), timing.renewal, { locks }));
     }
   }

@@ -235,7 +235,7 @@ function renewalTable(outcomes: readonly Outcome[], index: Map<string, Outcome>)
     title: 'Renewal: locks held under the watchdog',
     notes: [
       'One process takes N locks, then holds them for the window. Ratios: to redis-semaphore with the same N.',
-      'dislock: `lockWatchdogTimeout: 3000`, no expire (renewed every 1000 ms). redis-semaphore Mutex: `lockTimeout: 3000`, default refreshInterval = 0.8 x 3000 = 2400 ms.',
+      'dislock: `lockWatchdogTimeout: 3000`, no expire (renewed every 1000 ms). dislock-fixed: `expire: 15000`, checked (never extended) every 5000 ms, so twice per lock in a 10 s window. redis-semaphore Mutex: `lockTimeout: 3000`, default refreshInterval = 0.8 x 3000 = 2400 ms.',
       'Redis calls/s include commands inside scripts; round trips/s = commands sent by the client. Redis CPU and Node CPU in % of one core. RSS: peak. ELD: event-loop delay p99 (monitorEventLoopDelay at 1 ms resolution, minus the resolution: how late a 1 ms timer ran). alive: keys with PTTL > 0 at the end. acquire: time to take all N (256 at once).',
     ],
     header: [

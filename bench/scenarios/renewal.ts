@@ -8,6 +8,11 @@ import type { CellRun } from './cell-run';
 
 /** Lease kept alive by each contender's own renewal. */
 export const RENEWAL_LEASE_MS = 3_000;
+/**
+ * dislock-fixed: a fixed lease that outlasts the window (acquisition and 10 s), checked every
+ * third of it (5 s): two checks per lock in the full window, none in the quick one.
+ */
+export const FIXED_LEASE_MS = 15_000;
 const ACQUIRE_CONCURRENCY = 256;
 /** Sampling interval of the event-loop delay histogram. */
 const ELD_RESOLUTION_MS = 1;
@@ -36,7 +41,7 @@ interface Holder {
   close(): Promise<void>;
 }
 
-async function dislockHolder(redisUrl: string): Promise<Holder> {
+async function dislockHolder(redisUrl: string, fixed: boolean): Promise<Holder> {
   const { startDislockApp } = await import('../contenders/nest-app.js');
   const { client, sent } = countingClient(redisUrl, `bench-dislock-${process.pid}`);
   await ready(client);
@@ -49,7 +54,8 @@ async function dislockHolder(redisUrl: string): Promise<Holder> {
       await handle.release();
     },
     async acquire(i) {
-      const handle = await locks.tryLock(`r:${i}`); // no expire: the watchdog renews every 1 s
+      // No expire: the watchdog renews every 1 s. Fixed: checked every 5 s, never extended.
+      const handle = await locks.tryLock(`r:${i}`, fixed ? { expire: FIXED_LEASE_MS } : {});
       if (handle) handles[i] = handle;
       return handle !== null;
     },
@@ -137,7 +143,10 @@ export interface RenewalPart {
  * own renewal keeps them alive: what that costs Redis and the process.
  */
 export async function setupRenewal(spec: CellSpec, _rank: number, redisUrl: string): Promise<CellRun> {
-  const holder = spec.contender === 'dislock-service' ? await dislockHolder(redisUrl) : await semaphoreHolder(redisUrl);
+  const holder =
+    spec.contender === 'redis-semaphore'
+      ? await semaphoreHolder(redisUrl)
+      : await dislockHolder(redisUrl, spec.contender === 'dislock-fixed');
   await holder.warm();
   const admin = plainClient(redisUrl, `bench-admin-${process.pid}`);
   await ready(admin);

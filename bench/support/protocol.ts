@@ -13,6 +13,8 @@ export type ContenderId =
   | 'raw-poll-1ms'
   | 'dislock-service'
   | 'dislock-decorator'
+  // the renewal group: fixed leases, checked (never extended) on the renewal schedule
+  | 'dislock-fixed'
   | 'redlock'
   | 'redis-semaphore'
   | 'no-lock'
