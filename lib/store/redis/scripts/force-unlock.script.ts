@@ -1,4 +1,4 @@
-import { HAND_ON_LUA, LINE_HEAD_LUA, PUBLISH_LUA, SERVER_MS_LUA, SETTLE_SHARED_LUA } from './line.lua';
+import { HAND_ON_LUA, SHARED_DROPPED_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -40,14 +40,7 @@ for i = 4, #ARGV do
 end
 if #dropped == 0 then return dropped end
 if shared then
-  local ms = ${SERVER_MS_LUA}
-  ${SETTLE_SHARED_LUA}
-  if live > 0 then
-    ${LINE_HEAD_LUA}
-    local announcement = message .. ':' .. head .. ':' .. second .. ':'
-    ${PUBLISH_LUA('announcement')}
-    return dropped
-  end
+  ${SHARED_DROPPED_LUA('dropped')}
 end
 redis.call('del', key)
 ${HAND_ON_LUA}

@@ -144,6 +144,23 @@ end
 `;
 
 /**
+ * Shared holds were just dropped from `key`: settle the others (SETTLE_SHARED_LUA); while some
+ * remain, announce the room left to the head of the line (who looks at once) and the second (who
+ * looks once the head's turn has passed), and return `result`. Expects SETTLE_SHARED_LUA's and
+ * LINE_HEAD_LUA's locals but `ms`, which it sets.
+ */
+export const SHARED_DROPPED_LUA = (result: string): string => `
+local ms = ${SERVER_MS_LUA}
+${SETTLE_SHARED_LUA}
+if live > 0 then
+  ${LINE_HEAD_LUA}
+  local announcement = message .. ':' .. head .. ':' .. second .. ':'
+  ${PUBLISH_LUA('announcement')}
+  return ${result}
+end
+`;
+
+/**
  * The lock `key` has just been freed: drop the lapsed places of its line, then hand it to the head
  * (GRANT_LUA), or announce it free. Expects GRANT_LUA's locals but `waiting`, which it sets.
  */

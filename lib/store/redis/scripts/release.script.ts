@@ -1,4 +1,4 @@
-import { HAND_ON_LUA, LINE_HEAD_LUA, PUBLISH_LUA, SERVER_MS_LUA, SETTLE_SHARED_LUA } from './line.lua';
+import { HAND_ON_LUA, SHARED_DROPPED_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -43,14 +43,7 @@ if tonumber(held) > 1 then
   -- a shared hold: drop it alone; while others hold on, a freed permit is announced to the head
   -- of the line (who looks at once) and the second (who looks once the head's turn has passed)
   redis.call('hdel', key, ARGV[1])
-  local ms = ${SERVER_MS_LUA}
-  ${SETTLE_SHARED_LUA}
-  if live > 0 then
-    ${LINE_HEAD_LUA}
-    local announcement = message .. ':' .. head .. ':' .. second .. ':'
-    ${PUBLISH_LUA('announcement')}
-    return {1, head, second, ''}
-  end
+  ${SHARED_DROPPED_LUA("{1, head, second, ''}")}
 else
   redis.call('del', key)
 end
