@@ -11,7 +11,29 @@ export interface ChannelEvents {
    * moved to another node); they are subscribed again by the time this is called.
    */
   missed(channels: readonly string[]): void;
+  /**
+   * Channels that are not listened to for now (Redis refused or did not confirm their subscription
+   * on the node that owns them: their waiters must poll), or listened to again (once Redis has
+   * confirmed it; `missed` follows).
+   */
+  deaf(channels: readonly string[], deaf: boolean): void;
 }
+
+/** `channels` by hash slot: one SSUBSCRIBE may name the channels of one slot only (CROSSSLOT). */
+function bySlot(channels: readonly string[]): string[][] {
+  const slots = new Map<number, string[]>();
+  for (const channel of channels) {
+    const slot = keySlot(channel);
+    const group = slots.get(slot);
+    if (group) group.push(channel);
+    else slots.set(slot, [channel]);
+  }
+  return [...slots.values()];
+}
+
+/** The first retry of a subscription Redis refused comes this long after; later ones double, up to a second. */
+const FIRST_RETRY_MS = 50;
+const LAST_RETRY_MS = 1_000;
 
 /** Where the release channels are listened to: one connection, or one per Cluster node. */
 export interface ReleaseChannels {
@@ -198,7 +220,7 @@ export class ShardedChannels implements ReleaseChannels {
     connection.on('smessage', (channel: string, message: string) => this.events.message(channel, message));
     let connectedBefore = false;
     connection.on('ready', () => {
-      if (connectedBefore) void this.resubscribed(nodeKey, node);
+      if (connectedBefore) this.resubscribed(nodeKey, node);
       connectedBefore = true;
     });
     // A dropped node connection may mean a failover: have the client look at the slot map again.
@@ -215,36 +237,53 @@ export class ShardedChannels implements ReleaseChannels {
     node?.connection.disconnect();
   }
 
-  /** A node connection came back: subscribe its channels again, then report them. */
-  private async resubscribed(nodeKey: string, node: NodeSubscriber): Promise<void> {
-    const channels = [...node.channels];
-    if (channels.length === 0) return;
-    await this.bounded(node.connection.ssubscribe(...channels)).catch(() => undefined);
-    if (this.nodes.get(nodeKey) === node) this.events.missed(channels);
+  /** A node connection came back: subscribe its channels again, slot by slot, then report them. */
+  private resubscribed(nodeKey: string, node: NodeSubscriber): void {
+    for (const channels of bySlot([...node.channels])) void this.listen(nodeKey, node, channels);
   }
 
-  /** The client's slot map changed: move each channel whose slot has a new owner, then report those. */
+  /** The client's slot map changed: move each channel whose slot has a new owner, and listen there. */
   private readonly reroute = (): void => {
     if (this.closed || this.classic) return;
-    const moved: string[] = [];
+    const moved = new Map<string, string[]>();
     for (const [channel, nodeKey] of this.placed) {
       const owner = this.ownerOf(channel);
       if (owner === undefined || owner === nodeKey) continue;
       this.place(channel, owner);
-      moved.push(channel);
+      moved.set(owner, [...(moved.get(owner) ?? []), channel]);
     }
-    if (moved.length === 0) return;
-    const byNode = new Map<NodeSubscriber, string[]>();
-    for (const channel of moved) {
-      const node = this.nodes.get(this.placed.get(channel) as string) as NodeSubscriber;
-      byNode.set(node, [...(byNode.get(node) ?? []), channel]);
+    for (const [nodeKey, channels] of moved) {
+      const node = this.nodes.get(nodeKey);
+      if (node) for (const group of bySlot(channels)) void this.listen(nodeKey, node, group);
     }
-    void Promise.all(
-      [...byNode].map(([node, channels]) =>
-        this.bounded(node.connection.ssubscribe(...channels)).catch(() => undefined),
-      ),
-    ).then(() => this.events.missed(moved));
   };
+
+  /**
+   * Subscribe `channels` (of one slot) on `node`, which has just become theirs (a reconnection,
+   * a slot moved), and report them missed once Redis has confirmed it. Until then they count as
+   * deaf (their waiters poll); a refusal or no answer is retried while they are still placed on
+   * that node.
+   */
+  private async listen(nodeKey: string, node: NodeSubscriber, channels: readonly string[], delay = 0): Promise<void> {
+    const current = (): string[] =>
+      this.closed || this.nodes.get(nodeKey) !== node
+        ? []
+        : channels.filter((channel) => this.placed.get(channel) === nodeKey);
+    if (delay > 0) await pause(delay);
+    const wanted = current();
+    if (wanted.length === 0) return;
+    this.events.deaf(wanted, true);
+    try {
+      await this.bounded(node.connection.ssubscribe(...wanted));
+    } catch {
+      void this.listen(nodeKey, node, wanted, Math.min(Math.max(delay * 2, FIRST_RETRY_MS), LAST_RETRY_MS));
+      return;
+    }
+    const confirmed = current();
+    if (confirmed.length === 0) return;
+    this.events.deaf(confirmed, false);
+    this.events.missed(confirmed);
+  }
 
   /** The servers predate sharded pub/sub: one classic subscriber on a node the client knows. */
   private toClassic(): void {
@@ -257,6 +296,11 @@ export class ShardedChannels implements ReleaseChannels {
     for (const channel of channels) void this.classic.subscribe(channel).catch(() => undefined);
   }
 }
+
+const pause = (ms: number): Promise<void> =>
+  new Promise((resolve) => {
+    setTimeout(resolve, ms).unref();
+  });
 
 function splitNodeKey(nodeKey: string): [string, number] {
   const colon = nodeKey.lastIndexOf(':');

@@ -118,6 +118,19 @@ export class ReleaseSubscriber {
       this.echoes.reset();
       for (const channel of channels) this.heard(channel, '', '');
     },
+    deaf: (channels, deaf) => {
+      for (const name of channels) {
+        const channel = this.channels.get(name);
+        if (!channel) continue;
+        // Deaf: its waiters poll. Listening again: releases are heard from now on (a wait started
+        // later may skip its second attempt only for an attempt sent after this).
+        channel.listeningSince = deaf ? Infinity : now();
+        for (const watch of channel.watches) {
+          watch.listening = !deaf;
+          watch.listeningSince = channel.listeningSince;
+        }
+      }
+    },
   };
 
   constructor(
@@ -157,7 +170,8 @@ export class ReleaseSubscriber {
     channel.watches.add(watch);
     const last = channel.last;
     if (last && last.at >= since) watch.heard(last.head, last.second);
-    watch.listening = await channel.subscribed;
+    // Subscribed, and not deaf since (its slot moved, and the new owner has not confirmed it yet).
+    watch.listening = (await channel.subscribed) && channel.listeningSince !== Infinity;
     watch.listeningSince = channel.listeningSince;
     return watch;
   }
