@@ -3,10 +3,14 @@
  * one that breaks it, so that a clean run of test/fault-history.e2e-spec.ts means something.
  */
 import {
+  type BusyRecord,
   checkHistory,
   type FaultRecord,
+  type ForceUnlockRecord,
+  type GiveUpRecord,
   type HistoryEvent,
   type HoldRecord,
+  type UnknownRecord,
   WAKE_MARGIN_MS,
 } from './support/history/history';
 
@@ -122,6 +126,138 @@ describe('history checker', () => {
       expect(rules([first, release, taker, waiter(401)])).toEqual([]);
       const fault: FaultRecord = { worker: 3, kind: 'delay acquire', from: 40, to: 45 }; // a process neither side is in
       expect(rules([first, release, waiter(50 + WAKE_MARGIN_MS * 3)], [fault])).toEqual([]);
+    });
+  });
+
+  describe('an operator’s forceUnlock', () => {
+    // X held the lock when the operator's call began; Y got it after the call removed X.
+    const x = hold({ owner: 'x', start: 0, end: 100, token: 10 });
+    const y = hold({ owner: 'y', worker: 1, start: 50, end: 120, token: 30 });
+    const forced = (removed: string[] | undefined, more: Partial<ForceUnlockRecord> = {}): ForceUnlockRecord => ({
+      kind: 'force-unlock',
+      worker: 3,
+      name: 'n',
+      calledAt: 40,
+      at: 45,
+      before: 20,
+      removed,
+      ...more,
+    });
+
+    it('excuses a hold that was in Redis when the call got there and that it returned', () => {
+      expect(rules([x, y, forced(['x'])])).toEqual([]);
+    });
+
+    it('does not excuse a hold it removed without returning it, nor one without any operator', () => {
+      expect(rules([x, y, forced([])])).toEqual(['overlap']);
+      expect(rules([x, y])).toEqual(['overlap']);
+    });
+
+    it('does not excuse a hold taken after Redis’s clock was read for the call (a re-sent script freed it)', () => {
+      // Y was granted by the call's first run (token 30 > 20) and removed by its second; Z got in.
+      const z = hold({ owner: 'z', worker: 2, start: 110, end: 130, token: 40 });
+      expect(rules([y, z, forced(['y'], { calledAt: 40, at: 105 })])).toEqual(['overlap']);
+      expect(rules([y, z, forced(['y'], { calledAt: 40, at: 105, before: 35 })])).toEqual([]);
+    });
+
+    it('excuses, for a call that failed, every hold taken before the clock was read again after it', () => {
+      expect(rules([x, y, forced(undefined, { before: undefined, until: 15 })])).toEqual([]);
+      expect(rules([x, y, forced(undefined, { before: undefined, until: 5 })])).toEqual(['overlap']);
+      expect(rules([x, y, forced(undefined, { before: undefined })])).toEqual([]);
+    });
+
+    it('excuses a removed hold’s write refused by the next holder’s token', () => {
+      const refused = hold({ owner: 'x', start: 0, end: 100, token: 10, write: 'refused', refusedBy: 30 });
+      expect(rules([refused, y, forced(['x'])])).toEqual([]);
+      expect(rules([refused, forced(['x'])])).toEqual([]);
+      expect(rules([refused])).toEqual(['fencing']);
+    });
+  });
+
+  describe('a paused holder on a long lease', () => {
+    it('is not excused: a pause of a few hundred ms cannot end a renewed 30 s lease', () => {
+      const frozen = (leaseMs: number): HoldRecord =>
+        hold({ owner: 'a', start: 0, end: 300, token: 1, leaseMs, renewed: true, syncMs: 300 });
+      const second = hold({ owner: 'b', worker: 1, start: 250, end: 260, token: 2 });
+      const pause: HistoryEvent = { kind: 'pause', worker: 0, from: 0, to: 299.9 };
+      expect(rules([frozen(300), second, pause])).toEqual([]);
+      expect(rules([frozen(30_000), second, pause])).toEqual(['overlap']);
+      // a fixed lease can always be outlived
+      expect(rules([{ ...frozen(30_000), renewed: false }, second, pause])).toEqual([]);
+    });
+  });
+
+  describe('a lock held by nobody', () => {
+    const busy = (calledAt: number, more: Partial<BusyRecord> = {}): BusyRecord => ({
+      kind: 'busy',
+      worker: 2,
+      name: 'n',
+      calledAt,
+      at: calledAt + 2,
+      ...more,
+    });
+    const freed = (owner: string, at: number): HistoryEvent => ({ kind: 'freed', worker: 0, name: 'n', owner, at });
+    const a = hold({ owner: 'a', start: 0, end: 50, token: 1, leaseMs: 30_000, renewed: true });
+
+    it('accepts a refusal while a hold may be in Redis, and flags one after its release freed the lock', () => {
+      expect(rules([a, freed('a', 52), busy(30)])).toEqual([]);
+      expect(rules([a, freed('a', 52), busy(53)])).toEqual(['held-by-nobody']);
+      expect(rules([busy(10)])).toEqual(['held-by-nobody']);
+    });
+
+    it('gives a hold whose release is not known its lease after its work ended', () => {
+      expect(rules([a, busy(20_000)])).toEqual([]);
+      const short = hold({ owner: 'a', start: 0, end: 50, token: 1, leaseMs: 300, renewed: true });
+      expect(rules([short, busy(300)])).toEqual([]);
+      expect(rules([short, busy(600)])).toEqual(['held-by-nobody']);
+    });
+
+    it('keeps a hold’s lockAtLeastFor, and nothing longer', () => {
+      const minimum = { ...a, lockAtLeastFor: 1_000 };
+      expect(rules([minimum, freed('a', 52), busy(900)])).toEqual([]);
+      expect(rules([minimum, freed('a', 52), busy(1_200)])).toEqual(['held-by-nobody']);
+    });
+
+    it('accepts a refusal while another caller waits (it stands in the line), and flags one after it left', () => {
+      // Finding 8: a free lock refused right after a waiter gave up.
+      const gaveUp: GiveUpRecord = { kind: 'give-up', worker: 1, name: 'n', waitedFrom: 0, at: 300 };
+      expect(rules([gaveUp, busy(200)])).toEqual([]);
+      expect(rules([gaveUp, busy(350)])).toEqual([]); // its leave may still be on its way
+      expect(rules([gaveUp, busy(500)])).toEqual(['held-by-nobody']);
+    });
+
+    it('gives a call of unknown outcome until just after it failed, and its connection’s faults until they are over', () => {
+      // Finding 6: an acquisition rejected by ioredis's commandTimeout, never given back.
+      const unknown: UnknownRecord = {
+        kind: 'unknown',
+        worker: 1,
+        name: 'n',
+        from: 0,
+        to: 100,
+        cause: 'command-timeout',
+      };
+      expect(rules([unknown, busy(150)])).toEqual([]);
+      expect(rules([unknown, busy(1_000)])).toEqual(['held-by-nobody']);
+      const fault: FaultRecord = { worker: 1, kind: 'blackhole', from: 50, to: 500 };
+      expect(rules([unknown, busy(1_000)], [fault])).toEqual([]);
+      expect(rules([unknown, busy(1_000)], [{ ...fault, worker: 0 }])).toEqual(['held-by-nobody']);
+      // a waiting one may leave a place in the line, which lapses by itself
+      expect(rules([{ ...unknown, waits: true }, busy(2_000)])).toEqual([]);
+    });
+
+    it('does not judge a refusal that took long (an acquisition answered after its lease is given back)', () => {
+      expect(rules([busy(10, { at: 400 })])).toEqual([]);
+    });
+
+    it('flags a waiter that waited through a long stretch with nothing in its way', () => {
+      const waited = hold({ owner: 'w', worker: 1, start: 2_500, end: 2_510, token: 5, waitedFrom: 0 });
+      expect(rules([waited])).toEqual(['held-by-nobody']);
+      const before = hold({ owner: 'b', start: 0, end: 1_500, token: 1 });
+      expect(rules([before, freed('b', 1_510), waited])).toEqual([]);
+      const gaveUp: GiveUpRecord = { kind: 'give-up', worker: 1, name: 'n', waitedFrom: 0, at: 2_500 };
+      expect(rules([gaveUp])).toEqual(['held-by-nobody']);
+      // its process stood still for part of it
+      expect(rules([gaveUp, { kind: 'pause', worker: 1, from: 100, to: 1_200 }])).toEqual([]);
     });
   });
 
