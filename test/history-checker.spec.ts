@@ -205,11 +205,12 @@ describe('history checker', () => {
       expect(rules([busy(10)])).toEqual(['held-by-nobody']);
     });
 
-    it('gives a hold whose release is not known its lease after its work ended', () => {
-      expect(rules([a, busy(20_000)])).toEqual([]);
-      const short = hold({ owner: 'a', start: 0, end: 50, token: 1, leaseMs: 300, renewed: true });
-      expect(rules([short, busy(300)])).toEqual([]);
-      expect(rules([short, busy(600)])).toEqual(['held-by-nobody']);
+    it('takes a hold as released when its work ended, or a lease after that when a fault hit its connection then', () => {
+      expect(rules([a, busy(100)])).toEqual([]); // its release may still be on its way
+      expect(rules([a, busy(300)])).toEqual(['held-by-nobody']);
+      const fault: FaultRecord = { worker: 0, kind: 'drop release + reset', from: 55, to: 55 };
+      expect(rules([a, busy(20_000)], [fault])).toEqual([]);
+      expect(rules([a, busy(40_000)], [fault])).toEqual(['held-by-nobody']);
     });
 
     it('keeps a hold’s lockAtLeastFor, and nothing longer', () => {

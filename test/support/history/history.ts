@@ -208,6 +208,9 @@ export interface UnknownRecord {
   readonly cause?: UnknownCause;
   /** The call waited (`waitTime` > 0): a place it took in the line may be left to lapse. */
   readonly waits?: boolean;
+  /** What it asked for (absent: exclusive, or not said). */
+  readonly mode?: HoldMode;
+  readonly permits?: number;
 }
 
 /**
@@ -294,6 +297,8 @@ export interface FaultRecord {
   readonly kind: string;
   readonly from: number;
   readonly to: number;
+  /** On the operator's connection: it carries no lock of anyone's, so it cannot hide a hold. */
+  readonly operator?: boolean;
 }
 
 export interface Violation {
@@ -336,14 +341,15 @@ export const PAUSE_MS = 2;
 export const LONG_LEASE_MS = 3_000;
 
 /**
- * Rule 4's margins. A leave or a give-back sent as a call returned reaches Redis within
+ * Rule 4's margins. A release, a leave or a give-back sent as a call returned reaches Redis within
  * `SETTLE_MS` (more the sender's and the proxies' stalls); a connection hit by a fault carries what
- * waited in its client within `RECOVER_MS` (the module's first reconnect is 50 ms away; a Cluster
- * refreshes its slots) plus the operationTimeout after the fault ended; a place left in a line by
- * a waiter whose leave may be lost lapses after `PLACE_LAPSE_MS` (the store's PLACE_MS).
+ * waited in its client (ioredis re-sends what was unanswered, in order, then what was queued)
+ * within `RECOVER_MS` after the fault ended (the module's first reconnect is 50 ms away; a Cluster
+ * re-routes after 100 ms); a place a waiter took with an attempt whose outcome is unknown (it never
+ * learnt it was in the line) lapses after `PLACE_LAPSE_MS` (the store's PLACE_MS).
  */
-const SETTLE_MS = 100;
-const RECOVER_MS = 1_000;
+const SETTLE_MS = 150;
+const RECOVER_MS = 500;
 const PLACE_LAPSE_MS = 3_000;
 /** A waiter attempts at least every second (the store's lineRefreshMs), the grant lasts 250 ms; and room. */
 export const LINE_GAP_MS = 1_500;
@@ -764,6 +770,13 @@ interface Cover {
   /** Whose window it is: a hold's owner, or the record of a call that holds nothing now. */
   readonly of: string | HistoryEvent;
   readonly what: string;
+  /**
+   * Only a place in the line left by a waiter that is gone: it keeps newcomers out until it lapses,
+   * but a live waiter behind it gets the lock within a grant's 250 ms of finding it free (a dead
+   * head's grant lapses and the second in line looks; finding 9 of issue 20 is a shared dead head
+   * that blocked for seconds), which rule 4b's LINE_GAP_MS allows for.
+   */
+  readonly lineOnly?: boolean;
 }
 
 /** A waiting call, for rule 4b: from its call to when it got the lock or gave up. */
@@ -797,7 +810,7 @@ function checkHeldByNobody(
     for (let moved = true; moved;) {
       moved = false;
       for (const f of faultsOf.get(worker) ?? []) {
-        const reach = f.to + RECOVER_MS + opT;
+        const reach = f.to + RECOVER_MS;
         if (f.from <= t && reach > t) {
           t = reach;
           moved = true;
@@ -816,7 +829,11 @@ function checkHeldByNobody(
   for (const e of events) {
     if (e.kind === 'freed' || e.kind === 'release') freedAt.set(e.owner, Math.min(e.at, freedAt.get(e.owner) ?? e.at));
   }
-  // Holds: from the call to the release that freed them (or a lease after their work, or their minimum).
+  // Holds: from the call to the release that freed them. Every hold is released (or, within its
+  // lockAtLeastFor, has its lease cut to the minimum) as its work ends, lost or not, and nothing
+  // sent before that on the connection can re-create the key after it: so, without a fault near,
+  // just after its work; with one, the release may have failed, and the key lasts up to a lease
+  // after what was sent last reached Redis.
   const byOwner = new Map<string, Judged[]>();
   for (const h of holds) byOwner.set(h.owner, [...(byOwner.get(h.owner) ?? []), h]);
   for (const [owner, list] of byOwner) {
@@ -827,12 +844,12 @@ function checkHeldByNobody(
     const minimum = first.lockAtLeastFor ?? 0;
     const freed = freedAt.get(owner);
     const gone = list.find((h) => h.goneBy !== undefined)?.goneBy;
+    const released = settled(first.worker, end);
     let to: number;
     if (freed !== undefined) to = freed;
     else if (gone !== undefined) to = gone;
-    else if (minimum > 0 && end < start + minimum && !touched(first.worker, end - opT, start + minimum + opT)) {
-      to = settled(first.worker, end); // its lease was cut to the minimum
-    } else to = recovered(first.worker, settled(first.worker, end)) + (first.leaseMs ?? DEFAULT_LEASE_MS);
+    else if (!touched(first.worker, end - opT, released + opT)) to = released;
+    else to = recovered(first.worker, released) + (first.leaseMs ?? DEFAULT_LEASE_MS);
     if (minimum > 0) to = Math.max(to, start + minimum + SETTLE_MS);
     cover(first.name, { from, to, of: owner, what: `the hold of ${describe(first)}` });
   }
@@ -847,22 +864,20 @@ function checkHeldByNobody(
     }
   }
   for (const w of waits) {
-    let to = settled(w.worker, w.until);
-    if (touched(w.worker, w.from - opT, to + opT)) to = recovered(w.worker, to) + PLACE_LAPSE_MS;
+    const to = recovered(w.worker, settled(w.worker, w.until));
     cover(w.name, { from: w.from, to, of: w.of, what: `the place of worker ${w.worker}'s wait from ${fmt(w.from)}` });
   }
   for (const e of events) {
     if (e.kind === 'unknown') {
-      // Given back at once (an attempt on its way when it was cancelled, once it lands); a place it
-      // took in the line is left to lapse.
-      const landed = e.cause === 'cancelled' ? opT : 0;
-      const to = recovered(e.worker, settled(e.worker, e.to) + landed) + (e.waits ? PLACE_LAPSE_MS : 0);
-      cover(e.name, {
-        from: e.from,
-        to,
-        of: e,
-        what: `worker ${e.worker}'s call of unknown outcome (${e.cause ?? '?'})`,
-      });
+      // Given back at once (an attempt on its way when it was cancelled, once it lands: within the
+      // operationTimeout near a fault); a place a waiting call took with it is left to lapse.
+      const landed = e.cause === 'cancelled' && touched(e.worker, e.from - opT, e.to + opT) ? opT : 0;
+      const to = recovered(e.worker, settled(e.worker, e.to) + landed);
+      const asked = e.mode === 'permit' ? `permit of ${e.permits}` : (e.mode ?? '');
+      const what = `worker ${e.worker}'s ${asked} call of unknown outcome (${e.cause ?? '?'})`;
+      cover(e.name, { from: e.from, to, of: e, what });
+      if (e.waits)
+        cover(e.name, { from: to, to: to + PLACE_LAPSE_MS, of: e, what: `the place left by ${what}`, lineOnly: true });
     } else if (e.kind === 'busy' && e.at - e.calledAt > SLOW_REFUSAL_MS) {
       cover(e.name, {
         from: e.calledAt,
@@ -914,10 +929,13 @@ function checkHeldByNobody(
     });
   }
 
-  // b. A waiter through a long stretch with no window open (its own excepted).
+  // b. A waiter through a long stretch with no window open (its own excepted, and the places of
+  // waiters that are gone).
   for (const w of waits) {
     if (w.what === 'multi') continue; // a multi-lock takes its parts one after the other
-    const others = (sorted.get(w.name)?.list ?? []).filter((c) => c.of !== w.of && c.from < w.until && c.to > w.from);
+    const others = (sorted.get(w.name)?.list ?? []).filter(
+      (c) => c.of !== w.of && !c.lineOnly && c.from < w.until && c.to > w.from,
+    );
     let at = w.from;
     const gaps: [number, number][] = [];
     for (const c of others) {
@@ -945,7 +963,7 @@ function checkHeldByNobody(
 /** Whether no fault, in any process, came near a release at `r` (see the wake-up rule). */
 function quiet(faults: readonly FaultRecord[], r: number, options: CheckOptions): boolean {
   const from = r - options.operationTimeoutMs;
-  return !faults.some((f) => f.from <= r + WAKE_MARGIN_MS && f.to + options.operationTimeoutMs >= from);
+  return !faults.some((f) => !f.operator && f.from <= r + WAKE_MARGIN_MS && f.to + options.operationTimeoutMs >= from);
 }
 
 /** Releases the wake-up rule judges: those no fault came near. */
