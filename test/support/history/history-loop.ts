@@ -21,11 +21,15 @@ export interface HistoryLoop<A> {
   readonly random: () => number;
   /** Where `record` puts events until they are sent up. */
   readonly pending: HistoryEvent[];
-  /** The fenced resource's client: closed at the end. */
-  readonly fence: Redis;
+  /** The fenced resource's client, if the worker has one: closed at the end. */
+  readonly fence?: Redis;
   readonly lifetime: { finish(): void };
   /** One call of a loop. */
   oneCall(actor: A, locks: LockService): Promise<void>;
+  /** Once the app is up, before 'ready' (to listen for lock events). */
+  onReady?(locks: LockService): void;
+  /** After the app has closed (a client the worker created, which the module does not close). */
+  afterClose?(): void;
 }
 
 export function runHistoryLoop<A>(loop: HistoryLoop<A>): void {
@@ -35,6 +39,7 @@ export function runHistoryLoop<A>(loop: HistoryLoop<A>): void {
     const app = await NestFactory.createApplicationContext(loop.module, { logger: ['error'] });
     const actor = app.get(loop.actor);
     const locks = app.get(LockService);
+    loop.onReady?.(locks);
     await toParent({ type: 'ready' });
     await fromParent('go');
     const flusher = setInterval(() => {
@@ -59,11 +64,12 @@ export function runHistoryLoop<A>(loop: HistoryLoop<A>): void {
         }
       }),
     );
-    await sleep(700); // re-entries left running finish (their work is at most 600 ms)
+    await sleep(1_100); // re-entries left running finish (their work is at most 600 ms, and 400 ms of sync work)
     clearInterval(flusher);
     clearInterval(ticker);
     await app.close();
-    loop.fence.disconnect();
+    loop.afterClose?.();
+    loop.fence?.disconnect();
     await toParent({ type: 'history-done', events: pending.splice(0) });
     loop.lifetime.finish();
   });

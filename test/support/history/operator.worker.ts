@@ -1,0 +1,135 @@
+/**
+ * The operator of a history run: a Nest app of its own that now and then calls
+ * `LockService.forceUnlock(name)` on one of the run's lock names (one that `inspect` found held,
+ * mostly), as an operator facing a stuck lock would, while the parent injects faults into its connection (a dropped reply with a reset,
+ * so that ioredis sends the force-unlock script again; a reply held past a short operationTimeout).
+ *
+ * Each call is recorded with what the checker needs to tell the holds it may remove from those it
+ * must not (see ./history.ts): Redis's clock read by a script sent just before the force-unlock
+ * script, on the same connection and in the same write (the client auto-pipelines what is sent in
+ * one tick, and the script reads the lock's key, so that a Cluster routes it to the lock's master),
+ * the owners it returned, and for a call that failed, Redis's clock read on that connection after it.
+ *
+ * Its client is its own (an application's `Redis` or `Cluster`, which the module takes as it is), with
+ * `enableAutoPipelining` on whatever the run drew for the workers: the operator's clock read depends on it.
+ *
+ * Messages are those of the history workers: 'ready', then 'go' and 'stop'; events go up in
+ * 'history' batches, and 'history-done' comes last, after the app has closed.
+ */
+import 'reflect-metadata';
+import { Injectable, Module } from '@nestjs/common';
+import { Cluster, Redis } from 'ioredis';
+import { DisLockModule, type LockService } from 'nestjs-dislock';
+import { boundLifetime, workerConfig } from '../workers/protocol';
+import type { HistoryClientConfig } from './history-client';
+import { redisClock } from './history-client';
+import { runHistoryLoop } from './history-loop';
+import { clock, type HistoryEvent, prng } from './history';
+
+export interface OperatorWorkerConfig {
+  /** This process's number among the run's processes (after the workers). */
+  worker: number;
+  /** The lock Redis (or Cluster), through the operator's own fault proxies (`autoPipelining` is ignored: always on). */
+  client: HistoryClientConfig;
+  keyPrefix: string;
+  names: string[];
+  seed: number;
+  operationTimeout: number;
+  /** How long the operator waits between calls: from `[0]` to `[1]` ms. */
+  everyMs: [number, number];
+  deadlineMs: number;
+}
+
+const config = workerConfig<OperatorWorkerConfig>();
+const lifetime = boundLifetime(config.deadlineMs);
+const random = prng(config.seed);
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+const pending: HistoryEvent[] = [];
+const record = (event: HistoryEvent): void => void pending.push(event);
+
+const timeout = config.client.commandTimeout === undefined ? {} : { commandTimeout: config.client.commandTimeout };
+const client: Redis | Cluster = config.client.cluster
+  ? new Cluster([...config.client.cluster.seeds], {
+      natMap: config.client.cluster.natMap,
+      enableAutoPipelining: true,
+      redisOptions: timeout,
+    })
+  : new Redis(config.client.url ?? '', { enableAutoPipelining: true, ...timeout });
+client.on('error', () => undefined);
+
+@Injectable()
+class Operator {}
+
+/** Redis's clock on the key's connection, once it answers (bounded: undefined if it never does). */
+async function clockOnceAnswered(key: string): Promise<number | undefined> {
+  const until = clock() + 15_000;
+  while (clock() < until) {
+    try {
+      return await redisClock(client, key);
+    } catch {
+      await sleep(50);
+    }
+  }
+  return undefined;
+}
+
+async function oneCall(_operator: Operator, locks: LockService): Promise<void> {
+  const [least, most] = config.everyMs;
+  await sleep(least + random() * (most - least));
+  // As an operator facing a stuck lock would: look first, and force the one that is held.
+  let name = config.names[Math.floor(random() * config.names.length)];
+  for (let look = 0; look < 3; look += 1) {
+    const held = await locks.inspect(name).then(
+      (seen) => seen.held,
+      () => false,
+    );
+    if (held) break;
+    name = config.names[Math.floor(random() * config.names.length)];
+  }
+  const key = config.keyPrefix + name;
+  const calledAt = clock();
+  // In one tick, so in one auto-pipelined write on one connection: read, force-unlock, read.
+  const before = redisClock(client, key);
+  const forced = locks.forceUnlock(name);
+  const after = redisClock(client, key);
+  const [read, removed, readAfter] = await Promise.allSettled([before, forced, after]);
+  const at = clock();
+  const base = {
+    kind: 'force-unlock' as const,
+    worker: config.worker,
+    name,
+    calledAt,
+    at,
+    before: read.status === 'fulfilled' ? read.value : undefined,
+  };
+  if (removed.status === 'fulfilled') {
+    record({ ...base, removed: removed.value.map((holder) => holder.owner) });
+    return;
+  }
+  const until = readAfter.status === 'fulfilled' ? readAfter.value : await clockOnceAnswered(key);
+  record({ ...base, until });
+}
+
+@Module({
+  imports: [
+    DisLockModule.forRoot({
+      redis: client,
+      keyPrefix: config.keyPrefix,
+      operationTimeout: config.operationTimeout,
+    }),
+  ],
+  providers: [Operator],
+})
+class OperatorModule {}
+
+runHistoryLoop({
+  module: OperatorModule,
+  actor: Operator,
+  worker: config.worker,
+  loops: 1,
+  random,
+  pending,
+  lifetime,
+  oneCall,
+  afterClose: () => client.disconnect(),
+});
