@@ -219,12 +219,20 @@ describe('history checker', () => {
       expect(rules([minimum, freed('a', 52), busy(1_200)])).toEqual(['held-by-nobody']);
     });
 
-    it('accepts a refusal while another caller waits (it stands in the line), and flags one after it left', () => {
+    it('accepts a refusal while another caller waits for a lock just freed, and flags one after it left', () => {
       // Finding 8: a free lock refused right after a waiter gave up.
+      const held = [a, freed('a', 100)];
       const gaveUp: GiveUpRecord = { kind: 'give-up', worker: 1, name: 'n', waitedFrom: 0, at: 300 };
-      expect(rules([gaveUp, busy(200)])).toEqual([]);
-      expect(rules([gaveUp, busy(350)])).toEqual([]); // its leave may still be on its way
-      expect(rules([gaveUp, busy(500)])).toEqual(['held-by-nobody']);
+      expect(rules([...held, gaveUp, busy(200)])).toEqual([]);
+      expect(rules([...held, gaveUp, busy(350)])).toEqual([]); // its leave may still be on its way
+      expect(rules([...held, gaveUp, busy(500)])).toEqual(['held-by-nobody']);
+    });
+
+    it('does not let a waiter explain a refusal long after the lock was left free: it would have taken it', () => {
+      const held = [a, freed('a', 100)];
+      const waiting: GiveUpRecord = { kind: 'give-up', worker: 1, name: 'n', waitedFrom: 0, at: 3_000 };
+      expect(rules([...held, waiting, busy(1_000)]).filter((r) => r === 'held-by-nobody')).toHaveLength(1); // (b): the waiter
+      expect(rules([...held, waiting, busy(2_000)])).toEqual(['held-by-nobody', 'held-by-nobody']);
     });
 
     it('gives a call of unknown outcome until just after it failed, and its connection’s faults until they are over', () => {

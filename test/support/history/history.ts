@@ -309,6 +309,11 @@ export interface Violation {
 export interface CheckOptions {
   /** The run's operationTimeout: a fault may delay what happens up to this much later. */
   readonly operationTimeoutMs: number;
+  /**
+   * Redis's clock (ms) less `clock()`, measured by the run: a fencing token (Redis's clock in µs
+   * when the lock was taken) then says when a hold began in Redis. Without it, from its call.
+   */
+  readonly redisClockOffsetMs?: number;
 }
 
 /**
@@ -763,31 +768,73 @@ function checkWakeUps(
   }
 }
 
-/** A window in which some call may have held a lock in Redis, or stood in its line (rule 4). */
-interface Cover {
+/**
+ * A window of rule 4. `held`: some call may have held the lock in Redis then (a hold from its
+ * acquisition to its release, a call of unknown outcome until it was surely given back, an attempt
+ * answered too late to be handed out and given back). Otherwise a place in the line: a live
+ * waiter's (`since` it began waiting), or one left by a waiter that is gone (`dead`), which keeps
+ * newcomers out until it lapses.
+ */
+interface Window {
   readonly from: number;
   readonly to: number;
-  /** Whose window it is: a hold's owner, or the record of a call that holds nothing now. */
+  readonly held: boolean;
+  readonly dead?: boolean;
+  readonly since?: number;
+  /** Whose window it is: a hold's owner, or the record of a call. */
   readonly of: string | HistoryEvent;
   readonly what: string;
-  /**
-   * Only a place in the line left by a waiter that is gone: it keeps newcomers out until it lapses,
-   * but a live waiter behind it gets the lock within a grant's 250 ms of finding it free (a dead
-   * head's grant lapses and the second in line looks; finding 9 of issue 20 is a shared dead head
-   * that blocked for seconds), which rule 4b's LINE_GAP_MS allows for.
-   */
-  readonly lineOnly?: boolean;
 }
 
-/** A waiting call, for rule 4b: from its call to when it got the lock or gave up. */
+/** The windows of one name, sorted by `from`, with the furthest `to` reached by each prefix. */
+class Windows {
+  readonly list: Window[];
+  private readonly reach: number[] = [];
+
+  constructor(list: Window[]) {
+    this.list = list.sort((a, b) => a.from - b.from);
+    this.list.forEach((w, i) => this.reach.push(Math.max(w.to, i > 0 ? this.reach[i - 1] : -Infinity)));
+  }
+
+  /** The furthest end of the windows that began by `at` (-Infinity: none). */
+  reachBy(at: number): number {
+    let lo = 0;
+    let hi = this.list.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (this.list[mid].from <= at) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo > 0 ? this.reach[lo - 1] : -Infinity;
+  }
+
+  /** Whether a window is open at some point of [from, to]. */
+  open(from: number, to: number): boolean {
+    return this.reachBy(to) >= from;
+  }
+
+  /** The window that reached furthest among those that began by `at`, for messages. */
+  lastBy(at: number): Window | undefined {
+    return this.list
+      .filter((w) => w.from <= at)
+      .reduce<Window | undefined>((a, w) => (a && a.to >= w.to ? a : w), undefined);
+  }
+}
+
+/** A waiting call, for rule 4: from its call to when it got the lock or gave up. */
 interface Waiting {
   readonly worker: number;
   readonly name: string;
   readonly from: number;
   readonly until: number;
   readonly of: string | HistoryEvent;
-  readonly what: string;
+  readonly multi: boolean;
 }
+
+/** How far a hold's acquisition, read from its token on Redis's clock, may be off this machine's clock. */
+const CLOCK_SLACK_MS = 25;
+/** A pause at least this long may have answered an attempt after its lease (250 ms at the least) ran out. */
+const LATE_PAUSE_MS = 150;
 
 /** Rule 4: a lock refused, or waited for, while nothing any record explains held it (see the header). */
 function checkHeldByNobody(
@@ -801,6 +848,9 @@ function checkHeldByNobody(
   const opT = options.operationTimeoutMs;
   const faultsOf = new Map<number, FaultRecord[]>();
   for (const f of faults) faultsOf.set(f.worker, [...(faultsOf.get(f.worker) ?? []), f]);
+  const pausesOf = new Map<number, PauseRecord[]>();
+  for (const e of events) if (e.kind === 'pause') pausesOf.set(e.worker, [...(pausesOf.get(e.worker) ?? []), e]);
+  const workers = [...new Set(holds.map((h) => h.worker))];
   /** Whether a fault hit `worker`'s connection within [from, to]. */
   const touched = (worker: number, from: number, to: number): boolean =>
     (faultsOf.get(worker) ?? []).some((f) => f.from <= to && f.to >= from);
@@ -822,23 +872,31 @@ function checkHeldByNobody(
   /** What `worker` sends as a call returns at `at` has reached Redis by then (its stalls and the proxies' count). */
   const settled = (worker: number, at: number): number =>
     at + SETTLE_MS + stalled(worker, at, at + SETTLE_MS + RECOVER_MS);
+  /** The longest any process stood still within [from, to]. */
+  const anyStalled = (from: number, to: number): number => Math.max(0, ...workers.map((w) => stalled(w, from, to)));
+  /** When a hold was taken in Redis, as its token says (Redis's clock in µs), or at the latest its call. */
+  const offset = options.redisClockOffsetMs;
+  const acquiredAt = (h: Judged): number =>
+    offset === undefined
+      ? h.calledAt
+      : Math.min(h.start, Math.max(h.calledAt, h.token / 1_000 - offset - CLOCK_SLACK_MS));
 
-  const covers = new Map<string, Cover[]>();
-  const cover = (name: string, c: Cover): void => void (covers.get(name) ?? covers.set(name, []).get(name))?.push(c);
+  const byName = new Map<string, Window[]>();
+  const add = (name: string, w: Window): void => void (byName.get(name) ?? byName.set(name, []).get(name))?.push(w);
   const freedAt = new Map<string, number>();
   for (const e of events) {
     if (e.kind === 'freed' || e.kind === 'release') freedAt.set(e.owner, Math.min(e.at, freedAt.get(e.owner) ?? e.at));
   }
-  // Holds: from the call to the release that freed them. Every hold is released (or, within its
-  // lockAtLeastFor, has its lease cut to the minimum) as its work ends, lost or not, and nothing
-  // sent before that on the connection can re-create the key after it: so, without a fault near,
-  // just after its work; with one, the release may have failed, and the key lasts up to a lease
-  // after what was sent last reached Redis.
+  // Holds, from their acquisition to the release that freed them. Every hold is released (or,
+  // within its lockAtLeastFor, has its lease cut to the minimum) as its work ends, lost or not, and
+  // nothing sent before that on the connection can re-create the key after it: so, without a fault
+  // near, just after its work; with one, the release may have failed, and the key lasts up to a
+  // lease after what was sent last reached Redis.
   const byOwner = new Map<string, Judged[]>();
   for (const h of holds) byOwner.set(h.owner, [...(byOwner.get(h.owner) ?? []), h]);
   for (const [owner, list] of byOwner) {
     const first = list[0];
-    const from = Math.min(...list.map((h) => h.calledAt));
+    const from = Math.min(...list.map(acquiredAt));
     const start = Math.min(...list.map((h) => h.start));
     const end = Math.max(...list.map((h) => h.end));
     const minimum = first.lockAtLeastFor ?? 0;
@@ -851,21 +909,39 @@ function checkHeldByNobody(
     else if (!touched(first.worker, end - opT, released + opT)) to = released;
     else to = recovered(first.worker, released) + (first.leaseMs ?? DEFAULT_LEASE_MS);
     if (minimum > 0) to = Math.max(to, start + minimum + SETTLE_MS);
-    cover(first.name, { from, to, of: owner, what: `the hold of ${describe(first)}` });
+    add(first.name, { from, to, held: true, of: owner, what: `the hold of ${describe(first)}` });
   }
-  // Waiters: their place in the line, until just after they got the lock or gave up (a place lapses by
-  // itself when its leave may have been lost to a fault).
+  // Waiters: their place in the line, until just after they got the lock or gave up; and what an
+  // attempt of theirs answered after its lease (their process stood still, or a fault delayed it)
+  // held until it was given back.
   const waits: Waiting[] = [];
   for (const e of events) {
     if (e.kind === 'hold' && e.waitedFrom !== undefined && !e.nested) {
-      waits.push({ worker: e.worker, name: e.name, from: e.waitedFrom, until: e.start, of: e.owner, what: e.op ?? '' });
+      const multi = e.op === 'multi';
+      waits.push({ worker: e.worker, name: e.name, from: e.waitedFrom, until: e.start, of: e.owner, multi });
     } else if (e.kind === 'give-up') {
-      waits.push({ worker: e.worker, name: e.name, from: e.waitedFrom, until: e.at, of: e, what: 'gave up' });
+      waits.push({ worker: e.worker, name: e.name, from: e.waitedFrom, until: e.at, of: e, multi: false });
     }
   }
   for (const w of waits) {
     const to = recovered(w.worker, settled(w.worker, w.until));
-    cover(w.name, { from: w.from, to, of: w.of, what: `the place of worker ${w.worker}'s wait from ${fmt(w.from)}` });
+    const what = `the place of worker ${w.worker}'s wait from ${fmt(w.from)}`;
+    add(w.name, { from: w.from, to, held: false, since: w.from, of: w.of, what });
+    const late = `an attempt of worker ${w.worker}'s wait from ${fmt(w.from)}, answered late`;
+    for (const p of [...(pausesOf.get(w.worker) ?? []), ...(pausesOf.get(-1) ?? [])]) {
+      if (p.to - p.from < LATE_PAUSE_MS || p.to < w.from || p.from > w.until) continue;
+      add(w.name, { from: p.from - SETTLE_MS, to: settled(w.worker, p.to), held: true, of: w.of, what: late });
+    }
+    for (const f of faultsOf.get(w.worker) ?? []) {
+      if (f.to < w.from - opT || f.from > w.until) continue;
+      add(w.name, {
+        from: f.from - opT,
+        to: recovered(w.worker, settled(w.worker, f.to)),
+        held: true,
+        of: w.of,
+        what: late,
+      });
+    }
   }
   for (const e of events) {
     if (e.kind === 'unknown') {
@@ -875,67 +951,77 @@ function checkHeldByNobody(
       const to = recovered(e.worker, settled(e.worker, e.to) + landed);
       const asked = e.mode === 'permit' ? `permit of ${e.permits}` : (e.mode ?? '');
       const what = `worker ${e.worker}'s ${asked} call of unknown outcome (${e.cause ?? '?'})`;
-      cover(e.name, { from: e.from, to, of: e, what });
+      add(e.name, { from: e.from, to, held: true, of: e, what });
       if (e.waits)
-        cover(e.name, { from: to, to: to + PLACE_LAPSE_MS, of: e, what: `the place left by ${what}`, lineOnly: true });
+        add(e.name, {
+          from: to,
+          to: to + PLACE_LAPSE_MS,
+          held: false,
+          dead: true,
+          of: e,
+          what: `the place left by ${what}`,
+        });
     } else if (e.kind === 'busy' && e.at - e.calledAt > SLOW_REFUSAL_MS) {
-      cover(e.name, {
+      add(e.name, {
         from: e.calledAt,
         to: settled(e.worker, e.at),
+        held: true,
         of: e,
         what: `worker ${e.worker}'s slow refusal`,
       });
     }
   }
-  const sorted = new Map<string, { list: Cover[]; reach: number[] }>();
-  for (const [name, list] of covers) {
-    list.sort((a, b) => a.from - b.from);
-    const reach: number[] = [];
-    list.forEach((c, i) => reach.push(Math.max(c.to, i > 0 ? reach[i - 1] : -Infinity)));
-    sorted.set(name, { list, reach });
+  const heldOf = new Map<string, Windows>();
+  const lineOf = new Map<string, Windows>();
+  for (const [name, list] of byName) {
+    heldOf.set(name, new Windows(list.filter((w) => w.held)));
+    lineOf.set(name, new Windows(list.filter((w) => !w.held)));
   }
-  const around = (name: string, from: number, to: number): string => {
-    const list = sorted.get(name)?.list ?? [];
-    const before = list
-      .filter((c) => c.from <= to)
-      .reduce<Cover | undefined>((a, c) => (a && a.to >= c.to ? a : c), undefined);
-    const after = list.find((c) => c.from > from);
-    return (
-      (before ? `; the last window before: ${before.what}, ${fmt(before.from)}–${fmt(before.to)}` : '') +
-      (after ? `; the next: ${after.what}, from ${fmt(after.from)}` : '')
-    );
+  const none = new Windows([]);
+  const lastHeld = (name: string, at: number): string => {
+    const w = (heldOf.get(name) ?? none).lastBy(at);
+    return w ? `; the last that may have held it: ${w.what}, ${fmt(w.from)}–${fmt(w.to)}` : '; nothing held it before';
   };
 
-  // a. A call that did not wait, refused while no window was open.
+  // a. A call that did not wait, refused while nothing may have held the lock, and no waiter stood
+  // in its line (a live waiter only just after a hold ended: it takes a lock left free within LINE_GAP_MS).
   for (const e of events) {
     if (e.kind !== 'busy' || e.at - e.calledAt > SLOW_REFUSAL_MS) continue;
-    if (touched(e.worker, e.calledAt - opT, e.at)) continue; // its own attempt may have been answered late
-    const entry = sorted.get(e.name);
-    let lo = 0;
-    let hi = entry?.list.length ?? 0;
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1;
-      if ((entry as { list: Cover[] }).list[mid].from <= e.at) lo = mid + 1;
-      else hi = mid;
-    }
-    if (entry && lo > 0 && entry.reach[lo - 1] >= e.calledAt) continue;
+    const held = heldOf.get(e.name) ?? none;
+    if (held.open(e.calledAt, e.at)) continue;
+    const line = lineOf.get(e.name) ?? none;
+    const lastEnd = held.reachBy(e.at);
+    const free = e.calledAt - lastEnd - anyStalled(lastEnd, e.at);
+    const inLine = line.list.some(
+      (w) => w.from <= e.at && w.to >= e.calledAt && (w.dead === true || free <= LINE_GAP_MS),
+    );
+    if (inLine) continue;
     const kind = e.mode === 'permit' ? `a permit of ${e.permits}` : modeOf(e);
     violations.push({
       rule: 'held-by-nobody',
       text:
-        `"${e.name}": worker ${e.worker}'s call (${kind}, no wait) at ${fmt(e.calledAt)}–${fmt(e.at)} found it busy ` +
-        `while no record explains a holder or a waiter` +
-        around(e.name, e.calledAt, e.at),
+        `"${e.name}": worker ${e.worker}'s call (${kind}, no wait) at ${fmt(e.calledAt)}–${fmt(e.at)} found it busy, ` +
+        `while no record explains a holder` +
+        (Number.isFinite(free) ? ` for ${fmt(free)} ms (more the stalls)` : '') +
+        ` nor a waiter in its line` +
+        lastHeld(e.name, e.at),
     });
   }
 
-  // b. A waiter through a long stretch with no window open (its own excepted, and the places of
-  // waiters that are gone).
+  // b. A waiter through a long stretch in which nothing may have held the lock and no waiter was
+  // ahead of it (the places of waiters that are gone do not keep a live one out for long: a dead
+  // head's grant lapses in 250 ms, and the second in line looks then; finding 9 of issue 20 is a
+  // dead shared head that did for seconds).
   for (const w of waits) {
-    if (w.what === 'multi') continue; // a multi-lock takes its parts one after the other
-    const others = (sorted.get(w.name)?.list ?? []).filter(
-      (c) => c.of !== w.of && !c.lineOnly && c.from < w.until && c.to > w.from,
+    if (w.multi) continue; // a multi-lock takes its parts one after the other
+    const others = (byName.get(w.name) ?? []).filter(
+      (c) =>
+        c.of !== w.of &&
+        (c.held || (c.dead !== true && (c.since ?? Infinity) < w.from)) &&
+        c.from < w.until &&
+        c.to > w.from,
     );
+    others.sort((a, b) => a.from - b.from);
     let at = w.from;
     const gaps: [number, number][] = [];
     for (const c of others) {
@@ -946,14 +1032,13 @@ function checkHeldByNobody(
     if (at < w.until) gaps.push([at, w.until]);
     for (const [x, y] of gaps) {
       if (y - x - stalled(w.worker, x, y) <= LINE_GAP_MS) continue;
-      if (touched(w.worker, x - opT - RECOVER_MS, y)) continue;
       violations.push({
         rule: 'held-by-nobody',
         text:
           `"${w.name}": worker ${w.worker}, waiting since ${fmt(w.from)} (until ${fmt(w.until)}), ` +
           `did not get it in ${fmt(y - x)} ms (${fmt(x)}–${fmt(y)}, ${fmt(stalled(w.worker, x, y))} ms of it stalled) ` +
-          `while no record explains a holder or another waiter` +
-          around(w.name, x, y),
+          `while no record explains a holder or a waiter ahead of it` +
+          lastHeld(w.name, x),
       });
       break;
     }
