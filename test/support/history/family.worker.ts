@@ -87,11 +87,11 @@ const allNames = [...config.rwNames, ...config.semaphores.map((s) => s.name)];
 
 /** How often each kind of call is made. */
 const OPS: readonly (readonly [LockOp, number])[] = [
-  ['mutex', 0.14],
-  ['write', 0.14],
-  ['read', 0.26],
-  ['permit', 0.32],
-  ['multi', 0.14],
+  ['mutex', 0.22],
+  ['write', 0.16],
+  ['read', 0.2],
+  ['permit', 0.26],
+  ['multi', 0.16],
 ];
 
 /**

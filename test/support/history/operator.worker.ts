@@ -10,15 +10,20 @@
  * one tick, and the script reads the lock's key, so that a Cluster routes it to the lock's master),
  * the owners it returned, and for a call that failed, Redis's clock read on that connection after it.
  *
- * Its client is its own (an application's `Redis` or `Cluster`, which the module takes as it is), with
- * `enableAutoPipelining` on whatever the run drew for the workers: the operator's clock read depends on it.
+ * Its client is its own (an application's `Redis` or `Cluster`, which the module takes as it is),
+ * without auto-pipelining whatever the run drew for the workers: an auto-pipelined command is
+ * aborted when its connection closes, never sent again, and the re-sent force-unlock script is what
+ * the operator's faults are for. The read and the script go out in one write because the socket
+ * is corked for the tick that sends them.
  *
  * Messages are those of the history workers: 'ready', then 'go' and 'stop'; events go up in
  * 'history' batches, and 'history-done' comes last, after the app has closed.
  */
 import 'reflect-metadata';
 import { Injectable, Module } from '@nestjs/common';
+import type { Socket } from 'node:net';
 import { Cluster, Redis } from 'ioredis';
+import { keySlot } from '../../../lib/store/redis/fence-key';
 import { DisLockModule, type LockService } from 'nestjs-dislock';
 import { boundLifetime, workerConfig } from '../workers/protocol';
 import type { HistoryClientConfig } from './history-client';
@@ -29,7 +34,7 @@ import { clock, type HistoryEvent, prng } from './history';
 export interface OperatorWorkerConfig {
   /** This process's number among the run's processes (after the workers). */
   worker: number;
-  /** The lock Redis (or Cluster), through the operator's own fault proxies (`autoPipelining` is ignored: always on). */
+  /** The lock Redis (or Cluster), through the operator's own fault proxies (`autoPipelining` is ignored: always off). */
   client: HistoryClientConfig;
   keyPrefix: string;
   names: string[];
@@ -49,13 +54,18 @@ const record = (event: HistoryEvent): void => void pending.push(event);
 
 const timeout = config.client.commandTimeout === undefined ? {} : { commandTimeout: config.client.commandTimeout };
 const client: Redis | Cluster = config.client.cluster
-  ? new Cluster([...config.client.cluster.seeds], {
-      natMap: config.client.cluster.natMap,
-      enableAutoPipelining: true,
-      redisOptions: timeout,
-    })
-  : new Redis(config.client.url ?? '', { enableAutoPipelining: true, ...timeout });
+  ? new Cluster([...config.client.cluster.seeds], { natMap: config.client.cluster.natMap, redisOptions: timeout })
+  : new Redis(config.client.url ?? '', timeout);
 client.on('error', () => undefined);
+
+/** The socket the commands on `key` go out on (on a Cluster, its master's), if connected. */
+function socketOf(key: string): Socket | undefined {
+  if (client instanceof Cluster) {
+    const nodeKey = client.slots[keySlot(key)]?.[0];
+    return client.nodes('master').find((node) => `${node.options.host}:${node.options.port}` === nodeKey)?.stream;
+  }
+  return client.stream;
+}
 
 @Injectable()
 class Operator {}
@@ -88,10 +98,13 @@ async function oneCall(_operator: Operator, locks: LockService): Promise<void> {
   }
   const key = config.keyPrefix + name;
   const calledAt = clock();
-  // In one tick, so in one auto-pipelined write on one connection: read, force-unlock, read.
+  // In one tick on one connection, corked: one write carries the read, the script and the read.
+  const socket = socketOf(key);
+  socket?.cork();
   const before = redisClock(client, key);
   const forced = locks.forceUnlock(name);
   const after = redisClock(client, key);
+  process.nextTick(() => socket?.uncork());
   const [read, removed, readAfter] = await Promise.allSettled([before, forced, after]);
   const at = clock();
   const base = {

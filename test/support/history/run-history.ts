@@ -31,6 +31,7 @@ import { type WorkerProcess, WorkerSet } from '../workers/worker-process';
 import type { FamilyWorkerConfig } from './family.worker';
 import type { HistoryClientConfig } from './history-client';
 import {
+  type CheckOptions,
   checkHistory,
   clock,
   type FaultRecord,
@@ -97,6 +98,8 @@ export interface HistoryRun {
   readonly summary: string;
   /** Releases no fault came near: the ones the wake-up rule could judge. */
   readonly quietReleases: number;
+  /** What the checker was told besides the events (to check a forged history the same way). */
+  readonly check: CheckOptions;
 }
 
 /** Faults are injected for FAULTY_MS of every CYCLE_MS. */
@@ -193,6 +196,28 @@ async function proxyGroup(server: RedisServer | undefined, cluster: RedisCluster
   };
 }
 
+/**
+ * Redis's clock (ms) less `clock()` on this machine: the best of a few reads of TIME (the one with
+ * the shortest round trip), so that the checker can read when a hold was taken from its token.
+ */
+async function redisClockOffset(port: number): Promise<number> {
+  const client = new Redis({ port, host: '127.0.0.1', maxRetriesPerRequest: 1 });
+  client.on('error', () => undefined);
+  try {
+    let best = { rtt: Infinity, offset: 0 };
+    for (let i = 0; i < 7; i += 1) {
+      const sent = clock();
+      const [seconds, micros] = await client.time();
+      const answered = clock();
+      const redisMs = Number(seconds) * 1_000 + Number(micros) / 1_000;
+      if (answered - sent < best.rtt) best = { rtt: answered - sent, offset: redisMs - (sent + answered) / 2 };
+    }
+    return best.offset;
+  } finally {
+    client.disconnect();
+  }
+}
+
 /** Loads the force-unlock script on every node, so that the operator's first call is one EVALSHA, not two commands. */
 async function preload(ports: readonly number[]): Promise<void> {
   await Promise.all(
@@ -230,12 +255,15 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
   const events: HistoryEvent[] = [];
   const faults: FaultRecord[] = [];
   let semaphores: FamilyWorkerConfig['semaphores'] = [];
+  let redisClockOffsetMs: number | undefined;
   let ticker: NodeJS.Timeout | undefined;
   try {
     if (topology === 'cluster') cluster = await RedisCluster.start();
     else lockServer = await RedisServer.start();
     await preload(cluster ? (await cluster.topology()).map((node) => node.port) : [(lockServer as RedisServer).port]);
     const locks = await familyLocks(options.seed, options.names ?? (cluster ? 5 : 2), prefix, cluster);
+    const clockPort = cluster ? (await cluster.masters())[0].port : (lockServer as RedisServer).port;
+    redisClockOffsetMs = await redisClockOffset(clockPort);
     semaphores = plain ? [] : locks.semaphores;
     for (let i = 0; i < count + (withOperator ? 1 : 0); i += 1) groups.push(await proxyGroup(lockServer, cluster));
     const timeouts = draws.commandTimeout === undefined ? {} : { commandTimeout: draws.commandTimeout };
@@ -343,7 +371,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     await cluster?.dispose();
     await fenceServer.dispose();
   }
-  const check = { operationTimeoutMs: draws.operationTimeout };
+  const check: CheckOptions = { operationTimeoutMs: draws.operationTimeout, redisClockOffsetMs };
   const violations = checkHistory(events, faults, check);
   const quietCount = quietReleases(events, faults, check);
   const summary =
@@ -359,6 +387,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     violations,
     summary,
     quietReleases: quietCount,
+    check,
   };
 }
 
