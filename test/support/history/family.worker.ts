@@ -207,7 +207,12 @@ async function criticalSection(
     return watch;
   });
   const syncMs = !nested && random() < config.syncShare ? random() * 400 : 0;
-  if (syncMs > 0) busyFor(syncMs);
+  if (syncMs > 0) {
+    // The ticker sees a pause only from its next tick on: the checker gets this one exactly.
+    const from = clock();
+    busyFor(syncMs);
+    record({ kind: 'pause', worker: config.worker, from, to: clock() });
+  }
   for (const watch of watches) watch.toldBeforeWrite = watch.part.signal.aborted;
   await Promise.all(
     watches.map(async (watch) => {

@@ -333,6 +333,44 @@ const RELEASE_SLACK_MS = 20;
 /** How far before the second owner got in a stall of the first holder's loop can have delayed its report. */
 const STALL_WINDOW_MS = 50;
 
+/**
+ * How long after its event loop came back a report may still come: the loss timer fires once the
+ * code that was running goes on to its next await (a critical section's first write goes out
+ * before it), behind what else was due.
+ */
+const REPORT_SLACK_MS = 3;
+
+/**
+ * How long each worker's event loop stood still within [from, to]: the union of its pauses and the
+ * run's own (a worker records both its ticker's late ticks and, exactly, its synchronous work, which
+ * overlap; each instant counts once).
+ */
+function pausedIn(pauses: readonly PauseRecord[]): Paused {
+  const byWorker = new Map<number, PauseRecord[]>();
+  for (const p of pauses) byWorker.set(p.worker, [...(byWorker.get(p.worker) ?? []), p]);
+  const sorted = new Map<number, PauseRecord[]>();
+  return (worker, from, to) => {
+    let list = sorted.get(worker);
+    if (!list) {
+      list = [...(byWorker.get(worker) ?? []), ...(worker === -1 ? [] : (byWorker.get(-1) ?? []))].sort(
+        (a, b) => a.from - b.from,
+      );
+      sorted.set(worker, list);
+    }
+    let total = 0;
+    let reached = from;
+    for (const p of list) {
+      if (p.from >= to) break;
+      if (p.to <= reached) continue;
+      const begin = Math.max(p.from, reached);
+      const end = Math.min(p.to, to);
+      if (end > begin) total += end - begin;
+      reached = Math.max(reached, end);
+    }
+    return total;
+  };
+}
+
 /** The worker's ticker interval, and how much later than that a tick must come to count as a pause. */
 export const TICK_MS = 5;
 export const PAUSE_MS = 2;
@@ -396,7 +434,8 @@ function toldBy(hold: Judged, at: number, paused: Paused): boolean {
   if (Math.min(hold.lostAt ?? Infinity, hold.forcedAt ?? Infinity) <= at) return true;
   if (!pauseCanEnd(hold)) return false;
   const told = hold.lostAt ?? hold.end;
-  return told - at <= paused(hold.worker, at - STALL_WINDOW_MS, told);
+  const stood = paused(hold.worker, at - STALL_WINDOW_MS, told);
+  return told - at <= stood + (stood > 0 ? REPORT_SLACK_MS : 0);
 }
 
 function describe(hold: Judged): string {
@@ -471,13 +510,7 @@ export function checkHistory(
     if (list) list.push(hold);
     else byName.set(hold.name, [hold]);
   }
-  const pauses = events.filter((e): e is PauseRecord => e.kind === 'pause');
-  const paused: Paused = (worker, from, to) =>
-    pauses.reduce(
-      (sum, p) =>
-        p.worker === worker || p.worker === -1 ? sum + Math.max(0, Math.min(p.to, to) - Math.max(p.from, from)) : sum,
-      0,
-    );
+  const paused = pausedIn(events.filter((e): e is PauseRecord => e.kind === 'pause'));
   for (const list of byName.values()) {
     list.sort((a, b) => a.start - b.start);
     checkHolders(list, paused, violations);
