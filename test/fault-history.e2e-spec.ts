@@ -11,62 +11,42 @@
  * `npm run stress -- --faults --topology single --seed N --minutes 1`, or `--topology cluster`);
  * random ones in `npm run stress -- --faults`.
  */
-import { checkHistory, draws, type HistoryEvent, type HoldRecord, modeOf, sharing } from './support/history/history';
+import { checkHistory, draws, type HistoryEvent, type HoldRecord, sharing } from './support/history/history';
 import { type HistoryRun, runHistory, type Topology } from './support/history/run-history';
 
 /** Each seed runs this long, start-up and shutdown not counted (5-15 s more, on a busy machine). */
 const RUN_MS = 12_000;
 
-/** What the forged histories below could show, over every seed (each one needs a run that has what it forges). */
+/** Seeds in which each forged history below was flagged more than the history as it was. */
 const shown = { forced: 0, nobody: 0, longLease: 0 };
 
-const rules = (run: HistoryRun, events: readonly HistoryEvent[]): string[] =>
-  checkHistory(events, run.faults, run.check).map((v) => v.rule);
+const count = (run: HistoryRun, events: readonly HistoryEvent[], rule: string): number =>
+  checkHistory(events, run.faults, run.check).filter((v) => v.rule === rule).length;
 
 /**
- * The same history, told wrong, fails under the new rules:
- * - the operator's calls returned nothing: a hold one removed that a later holder got in beside
- *   is then an overlap;
- * - nobody held or waited for one name: every refusal of that name is then a lock held by nobody;
+ * The same history, told wrong, is flagged more by the new rules (counted in `shown`, asserted over
+ * all seeds below; a seed may lack what one of them forges):
+ * - no operator's call removed anything: a hold one did remove, with a later holder beside it, is
+ *   then an overlap;
+ * - nobody held or waited for the name of the first refusal: that refusal is then a lock held by
+ *   nobody;
  * - every hold on a long lease: a paused holder with a second holder beside it is then not excused.
- * Each is asserted only where the run has what it forges (and `shown` counts those, across seeds).
  */
 function forgeries(run: HistoryRun): void {
-  const holds = run.events.filter((e): e is HoldRecord => e.kind === 'hold');
-  const forced = new Set(run.events.flatMap((e) => (e.kind === 'force-unlock' ? (e.removed ?? []) : [])));
-  const besideForced = holds.some(
-    (h) =>
-      forced.has(h.owner) &&
-      holds.some(
-        (o) =>
-          o.name === h.name &&
-          o.owner !== h.owner &&
-          o.start > h.start &&
-          o.start < h.end &&
-          (modeOf(o) === 'exclusive' || modeOf(h) === 'exclusive') &&
-          (h.lostAt === undefined || h.lostAt > o.start),
-      ),
-  );
-  if (besideForced) {
-    shown.forced += 1;
-    const unreturned = run.events.map((e) => (e.kind === 'force-unlock' && e.removed ? { ...e, removed: [] } : e));
-    expect(rules(run, unreturned)).toContain('overlap');
-  }
+  const overlaps = count(run, run.events, 'overlap');
+  const unforced = run.events.filter((e) => e.kind !== 'force-unlock');
+  if (count(run, unforced, 'overlap') > overlaps) shown.forced += 1;
   const refused = run.events.find((e) => e.kind === 'busy');
   if (refused) {
-    shown.nobody += 1;
-    const name = refused.name;
     const nobody = run.events.filter(
-      (e) => !(e.kind === 'hold' || e.kind === 'give-up' || e.kind === 'unknown') || e.name !== name,
+      (e) => !(e.kind === 'hold' || e.kind === 'give-up' || e.kind === 'unknown') || e.name !== refused.name,
     );
-    expect(rules(run, nobody)).toContain('held-by-nobody');
+    if (count(run, nobody, 'held-by-nobody') > count(run, run.events, 'held-by-nobody')) shown.nobody += 1;
   }
   const longLease = run.events.map((e) =>
     e.kind === 'hold' ? { ...e, leaseMs: 30_000, renewed: true, lockAtLeastFor: undefined } : e,
   );
-  const overlapsBefore = rules(run, run.events).filter((r) => r === 'overlap').length;
-  const overlapsForged = rules(run, longLease).filter((r) => r === 'overlap').length;
-  if (overlapsForged > overlapsBefore) shown.longLease += 1;
+  if (count(run, longLease, 'overlap') > overlaps) shown.longLease += 1;
 }
 
 function expectWidened(run: HistoryRun, seed: number, topology: Topology): void {
@@ -113,8 +93,10 @@ describe('randomized lock history under network faults', () => {
   );
 
   it('the forged histories were flagged in at least one seed each (the new rules can fail)', () => {
+    console.log(`forgeries flagged in: ${JSON.stringify(shown)} seeds`);
     expect(shown.nobody).toBeGreaterThan(0);
     expect(shown.forced).toBeGreaterThan(0);
+    expect(shown.longLease).toBeGreaterThan(0);
   });
 
   it('without faults, every rule holds with nothing excused: each release wakes a waiter within 200 ms', async () => {

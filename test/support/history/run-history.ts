@@ -9,10 +9,13 @@
  * from 50 ms to 5 s, ioredis's `commandTimeout` sometimes, `enableAutoPipelining` on or off), how
  * often a critical section begins with synchronous work, the faults, and the choices in the
  * workers. So a failing seed replays the same schedule (the interleaving, of course, differs run to
- * run). The workers are the lock-family worker (./family.worker.ts: every kind of lock, every public
+ * run). With HISTORY_DUMP set to a directory, each run writes there what the checker saw (events,
+ * faults, draws, violations) as JSON. The workers are the lock-family worker (./family.worker.ts: every kind of lock, every public
  * way to take one), or with `plain` the plain worker (../workers/history.worker.ts: plain locks on
  * the default client options), which the lockless control run uses.
  */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { keySlot } from '../../../lib/store/redis/fence-key';
 import { ACQUIRE_SHARED_SCRIPT } from '../../../lib/store/redis/scripts/acquire-shared.script';
@@ -373,6 +376,13 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
   }
   const check: CheckOptions = { operationTimeoutMs: draws.operationTimeout, redisClockOffsetMs };
   const violations = checkHistory(events, faults, check);
+  const dumpDir = process.env.HISTORY_DUMP;
+  if (dumpDir) {
+    // Everything the checker saw, to read a failing seed's history afterwards.
+    mkdirSync(dumpDir, { recursive: true });
+    const file = join(dumpDir, `history-${topology}-${options.seed}-${Date.now()}.json`);
+    writeFileSync(file, JSON.stringify({ seed: options.seed, topology, draws, check, events, faults, violations }));
+  }
   const quietCount = quietReleases(events, faults, check);
   const summary =
     `${plain ? 'plain worker' : describeDraws(topology, draws)}; ${summarize(events, faults)}; ` +
