@@ -259,6 +259,9 @@ describe('history checker', () => {
       expect(rules([unknown, busy(1_000)], [{ ...fault, worker: 0 }])).toEqual(['held-by-nobody']);
       // a waiting one may leave a place in the line, which lapses by itself
       expect(rules([{ ...unknown, waits: true }, busy(2_000)])).toEqual([]);
+      // Finding 7: a multi-lock that gave up (or a call cancelled) left the line and gives its parts back at once.
+      expect(rules([{ ...unknown, cause: 'multi', waits: true }, busy(1_000)])).toEqual(['held-by-nobody']);
+      expect(rules([{ ...unknown, cause: 'cancelled', waits: true }, busy(1_000)])).toEqual(['held-by-nobody']);
     });
 
     it('does not judge a refusal that took long (an acquisition answered after its lease is given back)', () => {

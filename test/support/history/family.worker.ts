@@ -527,14 +527,15 @@ async function oneCall(actor: Actor, locks: LockService): Promise<void> {
             : roll < 0.8
               ? 'tryLock'
               : 'lock';
-  // A minimum hold now and then (more often for multi-locks, whose failures must give their parts back at once).
+  // A minimum hold now and then: more often, and longer, for multi-locks, whose failures must give
+  // their parts back at once (finding 7 of issue 20 kept them ~5 s).
   const withMinimum = random() < (multi ? 0.3 : 0.08);
   const lease = LEASES[draw.lease];
   const minimum = !withMinimum
     ? undefined
     : draw.lease === 'fixed'
       ? Math.round(50 + random() * 200)
-      : Math.round(100 + random() * 1_900);
+      : Math.round(multi ? 300 + random() * 3_700 : 100 + random() * 1_900);
   const from = clock();
   const waitedFrom = wait > 0 ? from : undefined;
   /** Busy past its wait: a multi-lock may have held its first parts meanwhile; a single call holds nothing. */

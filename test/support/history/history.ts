@@ -979,13 +979,15 @@ function checkHeldByNobody(
   for (const e of events) {
     if (e.kind === 'unknown') {
       // Given back at once (an attempt on its way when it was cancelled, once it lands: within the
-      // operationTimeout near a fault); a place a waiting call took with it is left to lapse.
+      // operationTimeout near a fault). A waiting call whose attempt failed leaves the place that
+      // attempt may have taken to lapse; one that gave up or was cancelled leaves the line.
       const landed = e.cause === 'cancelled' && touched(e.worker, e.from - opT, e.to + opT) ? opT : 0;
       const to = recovered(e.worker, settled(e.worker, e.to) + landed);
       const asked = e.mode === 'permit' ? `permit of ${e.permits}` : (e.mode ?? '');
       const what = `worker ${e.worker}'s ${asked} call of unknown outcome (${e.cause ?? '?'})`;
       add(e.name, { from: e.from, to, held: true, of: e, what });
-      if (e.waits)
+      const failed = e.cause !== 'multi' && e.cause !== 'cancelled';
+      if (e.waits && failed)
         add(e.name, {
           from: to,
           to: to + PLACE_LAPSE_MS,
