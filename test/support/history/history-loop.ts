@@ -34,6 +34,11 @@ export interface HistoryLoop<A> {
 
 export function runHistoryLoop<A>(loop: HistoryLoop<A>): void {
   const { pending } = loop;
+  // A rejection nobody handled would end the worker and lose its history: record it as the error it is.
+  process.on('unhandledRejection', (reason: unknown) => {
+    const error = reason instanceof Error ? (reason.stack ?? reason.message) : String(reason);
+    pending.push({ kind: 'error', worker: loop.worker, at: clock(), error: `unhandled rejection: ${error}` });
+  });
   runWorker(async () => {
     Logger.overrideLogger(['error']);
     const app = await NestFactory.createApplicationContext(loop.module, { logger: ['error'] });
