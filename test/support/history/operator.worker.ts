@@ -1,8 +1,9 @@
 /**
  * The operator of a history run: a Nest app of its own that now and then calls
  * `LockService.forceUnlock(name)` on one of the run's lock names (one that `inspect` found held,
- * mostly), as an operator facing a stuck lock would, while the parent injects faults into its connection (a dropped reply with a reset,
- * so that ioredis sends the force-unlock script again; a reply held past a short operationTimeout).
+ * with waiters if it could), as an operator facing a stuck lock would, while the parent injects
+ * faults into its connection (a dropped reply with a reset, so that ioredis sends the force-unlock
+ * script again; a reply held past a short operationTimeout).
  *
  * Each call is recorded with what the checker needs to tell the holds it may remove from those it
  * must not (see ./history.ts): Redis's clock read by a script sent just before the force-unlock
@@ -86,15 +87,15 @@ async function clockOnceAnswered(key: string): Promise<number | undefined> {
 async function oneCall(_operator: Operator, locks: LockService): Promise<void> {
   const [least, most] = config.everyMs;
   await sleep(least + random() * (most - least));
-  // As an operator facing a stuck lock would: look first, and force the one that is held.
+  // As an operator facing a stuck lock would: look first, and force one that is held, with others
+  // waiting for it if one is (the next holder comes in as soon as the holder is removed).
   let name = config.names[Math.floor(random() * config.names.length)];
-  for (let look = 0; look < 3; look += 1) {
-    const held = await locks.inspect(name).then(
-      (seen) => seen.held,
-      () => false,
-    );
-    if (held) break;
-    name = config.names[Math.floor(random() * config.names.length)];
+  let fallback: string | undefined;
+  for (let look = 0; look < 5; look += 1) {
+    const seen = await locks.inspect(name).catch(() => undefined);
+    if (seen?.held && seen.waiting > 0) break;
+    if (seen?.held) fallback ??= name;
+    name = look === 4 && fallback !== undefined ? fallback : config.names[Math.floor(random() * config.names.length)];
   }
   const key = config.keyPrefix + name;
   const calledAt = clock();
