@@ -257,8 +257,11 @@ describe('history checker', () => {
       const fault: FaultRecord = { worker: 1, kind: 'blackhole', from: 50, to: 500 };
       expect(rules([unknown, busy(1_000)], [fault])).toEqual([]);
       expect(rules([unknown, busy(1_000)], [{ ...fault, worker: 0 }])).toEqual(['held-by-nobody']);
-      // a waiting one may leave a place in the line, which lapses by itself
+      // a waiting one whose first attempt failed may leave a place in the line, which lapses by itself;
+      // one that failed later, after a refused attempt, left the line
       expect(rules([{ ...unknown, waits: true }, busy(2_000)])).toEqual([]);
+      expect(rules([{ ...unknown, to: 900, waits: true }, busy(2_000)])).toEqual(['held-by-nobody']);
+      expect(rules([{ ...unknown, to: 900, waits: true, multi: true }, busy(2_000)])).toEqual([]);
       // Finding 7: a multi-lock that gave up (or a call cancelled) left the line and gives its parts back at once.
       expect(rules([{ ...unknown, cause: 'multi', waits: true }, busy(1_000)])).toEqual(['held-by-nobody']);
       expect(rules([{ ...unknown, cause: 'cancelled', waits: true }, busy(1_000)])).toEqual(['held-by-nobody']);

@@ -314,8 +314,9 @@ function failed(error: unknown, names: readonly string[], from: number, waits: b
     const cause = causeOf(error);
     const to = clock();
     const { mode, permits } = kind;
+    const multi = names.length > 1;
     for (const name of names) {
-      record({ kind: 'unknown', worker: config.worker, name, from, to, cause, waits, mode, permits });
+      record({ kind: 'unknown', worker: config.worker, name, from, to, cause, waits, mode, permits, multi });
     }
     return;
   }

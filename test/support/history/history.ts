@@ -211,6 +211,8 @@ export interface UnknownRecord {
   /** What it asked for (absent: exclusive, or not said). */
   readonly mode?: HoldMode;
   readonly permits?: number;
+  /** A multi-lock's call (it took its parts one after the other). */
+  readonly multi?: boolean;
 }
 
 /**
@@ -314,6 +316,8 @@ export interface CheckOptions {
    * when the lock was taken) then says when a hold began in Redis. Without it, from its call.
    */
   readonly redisClockOffsetMs?: number;
+  /** The run's ioredis commandTimeout, if it drew one: an attempt fails after it at the latest too. */
+  readonly commandTimeoutMs?: number;
 }
 
 /**
@@ -879,6 +883,8 @@ function checkHeldByNobody(
   violations: Violation[],
 ): void {
   const opT = options.operationTimeoutMs;
+  /** The longest a first attempt can take to fail: the timeout at hand, as late as the store's sweep notices it. */
+  const firstAttemptMs = Math.min(opT, options.commandTimeoutMs ?? Infinity) * 1.1 + SETTLE_MS;
   const faultsOf = new Map<number, FaultRecord[]>();
   for (const f of faults) faultsOf.set(f.worker, [...(faultsOf.get(f.worker) ?? []), f]);
   const pausesOf = new Map<number, PauseRecord[]>();
@@ -986,8 +992,11 @@ function checkHeldByNobody(
       const asked = e.mode === 'permit' ? `permit of ${e.permits}` : (e.mode ?? '');
       const what = `worker ${e.worker}'s ${asked} call of unknown outcome (${e.cause ?? '?'})`;
       add(e.name, { from: e.from, to, held: true, of: e, what });
+      // Only a first attempt that failed leaves its place behind (the wait after a refused one leaves
+      // the line as it ends, queued behind the failed attempt); it failed within the timeout at hand.
       const failed = e.cause !== 'multi' && e.cause !== 'cancelled';
-      if (e.waits && failed)
+      const firstAttempt = e.multi || e.to - e.from <= firstAttemptMs + stalled(e.worker, e.from, e.to);
+      if (e.waits && failed && firstAttempt)
         add(e.name, {
           from: to,
           to: to + PLACE_LAPSE_MS,

@@ -374,7 +374,11 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     await cluster?.dispose();
     await fenceServer.dispose();
   }
-  const check: CheckOptions = { operationTimeoutMs: draws.operationTimeout, redisClockOffsetMs };
+  const check: CheckOptions = {
+    operationTimeoutMs: draws.operationTimeout,
+    redisClockOffsetMs,
+    commandTimeoutMs: draws.commandTimeout,
+  };
   const violations = checkHistory(events, faults, check);
   const dumpDir = process.env.HISTORY_DUMP;
   if (dumpDir) {
