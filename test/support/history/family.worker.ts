@@ -292,7 +292,7 @@ async function maybeReenter(locks: LockService, taken: Taken, parts: readonly Lo
       ? locks.withLock(names[0], body, kindOptions(again))
       : locks.withLock(names, body, kindOptions(again));
   // A re-entry that found the outer gone competes as a newcomer: it may take a hold of its own.
-  const settled = nested.catch((error: unknown) => failed(error, names, calledAt, false, again));
+  const settled = nested.catch((error: unknown) => failed(error, names, calledAt, false, again, 'long'));
   if (roll < 0.15) await settled;
 }
 
@@ -308,15 +308,23 @@ function causeOf(error: RedisUnavailableError): UnknownCause {
  * A call failed: busy is recorded by the caller; Redis unavailable means its acquisition may have
  * taken the lock all the same (the library gives it back); anything else is reported as an error.
  */
-function failed(error: unknown, names: readonly string[], from: number, waits: boolean, kind: Kind): void {
+function failed(
+  error: unknown,
+  names: readonly string[],
+  from: number,
+  waits: boolean,
+  kind: Kind,
+  lease: LeaseKind,
+): void {
   if (error instanceof LockNotAcquiredError) return;
   if (error instanceof RedisUnavailableError) {
     const cause = causeOf(error);
     const to = clock();
     const { mode, permits } = kind;
     const multi = names.length > 1;
+    const leaseMs = LEASES[lease].ms;
     for (const name of names) {
-      record({ kind: 'unknown', worker: config.worker, name, from, to, cause, waits, mode, permits, multi });
+      record({ kind: 'unknown', worker: config.worker, name, from, to, cause, waits, mode, permits, multi, leaseMs });
     }
     return;
   }
@@ -504,7 +512,10 @@ function subscribeMaybeCancel(observable: Observable<void>, started: Started, dr
       for (const name of draw.names) {
         const { mode, permits } = draw.kind;
         const waits = draw.wait > 0;
-        record({ kind: 'unknown', worker: config.worker, name, from, to, cause: 'cancelled', waits, mode, permits });
+        const leaseMs = LEASES[draw.lease].ms;
+        const multi = draw.names.length > 1;
+        const cause = 'cancelled';
+        record({ kind: 'unknown', worker: config.worker, name, from, to, cause, waits, mode, permits, multi, leaseMs });
       }
       resolve();
     }, cancelAfter);
@@ -554,6 +565,8 @@ async function oneCall(actor: Actor, locks: LockService): Promise<void> {
           cause: 'multi',
           waits,
           mode: 'exclusive',
+          multi: true,
+          leaseMs: lease.ms,
         });
       }
     } else if (wait > 0) {
@@ -627,7 +640,7 @@ async function oneCall(actor: Actor, locks: LockService): Promise<void> {
     await releaseAndRecord(handle);
   } catch (error) {
     if (error instanceof LockNotAcquiredError) return gaveUp();
-    failed(error, names, from, wait > 0, kind);
+    failed(error, names, from, wait > 0, kind, draw.lease);
   }
 }
 

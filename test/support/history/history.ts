@@ -213,6 +213,8 @@ export interface UnknownRecord {
   readonly permits?: number;
   /** A multi-lock's call (it took its parts one after the other). */
   readonly multi?: boolean;
+  /** The lease it asked for, if the record knows it. */
+  readonly leaseMs?: number;
 }
 
 /**
@@ -301,6 +303,8 @@ export interface FaultRecord {
   readonly to: number;
   /** On the operator's connection: it carries no lock of anyone's, so it cannot hide a hold. */
   readonly operator?: boolean;
+  /** false: the fault closed no connection (a delay, a blackhole without a reset); absent: it may have. */
+  readonly closes?: boolean;
 }
 
 export interface Violation {
@@ -318,6 +322,12 @@ export interface CheckOptions {
   readonly redisClockOffsetMs?: number;
   /** The run's ioredis commandTimeout, if it drew one: an attempt fails after it at the latest too. */
   readonly commandTimeoutMs?: number;
+  /**
+   * Commands in flight when a connection closes may be dropped instead of sent again (ioredis
+   * auto-pipelining; a Cluster's node connections, to be safe): a release cut off so leaves its
+   * key to the lease.
+   */
+  readonly abortsOnReset?: boolean;
 }
 
 /**
@@ -701,6 +711,14 @@ interface Wait {
   readonly until: number;
 }
 
+/**
+ * What places left at the front of a line by waiters that are gone may cost a live waiter behind
+ * them: the first a grant's lease (the store's GRANT_MS, after which the second in line looks),
+ * each further one up to the next attempt of a live waiter (lineRefreshMs, 1 s). README: "A dead
+ * head costs a quarter of a second", "two dead waiters at the front 1.26 s".
+ */
+const deadPlacesCost = (count: number): number => (count === 0 ? 0 : 250 + (count - 1) * 1_000);
+
 /** How long after a call of unknown outcome failed the wake-up rule lets its hold stand in Redis (a watchdog lease). */
 const UNKNOWN_HOLD_MS = 300;
 
@@ -785,8 +803,24 @@ function checkWakeUps(
         wait.mode === 'permit'
           ? Math.max(...workers.map((w) => (w === wait.worker ? 0 : stalled(w, r, wait.until))))
           : 0;
+      // A waiting call whose attempt failed may have left its place ahead of this one: see
+      // deadPlacesCost.
+      const deadAhead = events.filter(
+        (e) =>
+          e.kind === 'unknown' &&
+          e.name === wait.name &&
+          e.waits === true &&
+          e.cause !== 'multi' &&
+          e.cause !== 'cancelled' &&
+          e.from < wait.from &&
+          e.to <= wait.until &&
+          e.to + PLACE_LAPSE_MS >= r,
+      ).length;
       const excused =
-        stalled(wait.worker, r, wait.until) + stalled(release.worker, r - WAKE_MARGIN_MS, wait.until) + ahead;
+        stalled(wait.worker, r, wait.until) +
+        stalled(release.worker, r - WAKE_MARGIN_MS, wait.until) +
+        ahead +
+        deadPlacesCost(deadAhead);
       if (late - excused <= WAKE_MARGIN_MS) continue;
       const next = holds
         .filter((h) => h.name === release.name && h.start > r)
@@ -911,6 +945,15 @@ function checkHeldByNobody(
   /** What `worker` sends as a call returns at `at` has reached Redis by then (its stalls and the proxies' count). */
   const settled = (worker: number, at: number): number =>
     at + SETTLE_MS + stalled(worker, at, at + SETTLE_MS + RECOVER_MS);
+  /**
+   * Whether what `worker` sent within [from, to] may never have reached Redis: ioredis sends a
+   * command again after its connection closed, but not an auto-pipelined one, nor (conservatively)
+   * a Cluster's; so only there, and only when a fault closed a connection. A release (or a give-back)
+   * lost so leaves the key to its lease.
+   */
+  const aborted = (worker: number, from: number, to: number): boolean =>
+    options.abortsOnReset === true &&
+    (faultsOf.get(worker) ?? []).some((f) => f.closes !== false && f.from <= to && f.to >= from - opT);
   /** The longest any process stood still within [from, to]. */
   const anyStalled = (from: number, to: number): number => Math.max(0, ...workers.map((w) => stalled(w, from, to)));
   /** When a hold was taken in Redis, as its token says (Redis's clock in µs), or at the latest its call. */
@@ -945,8 +988,10 @@ function checkHeldByNobody(
     let to: number;
     if (freed !== undefined) to = freed;
     else if (gone !== undefined) to = gone;
-    else if (!touched(first.worker, end - opT, released + opT)) to = released;
-    else to = recovered(first.worker, released) + (first.leaseMs ?? DEFAULT_LEASE_MS);
+    else {
+      to = recovered(first.worker, released);
+      if (aborted(first.worker, end, to)) to += first.leaseMs ?? DEFAULT_LEASE_MS;
+    }
     if (minimum > 0) to = Math.max(to, start + minimum + SETTLE_MS);
     add(first.name, { from, to, held: true, of: owner, what: `the hold of ${describe(first)}` });
   }
@@ -966,6 +1011,18 @@ function checkHeldByNobody(
     const to = recovered(w.worker, settled(w.worker, w.until));
     const what = `the place of worker ${w.worker}'s wait from ${fmt(w.from)}`;
     add(w.name, { from: w.from, to, held: false, since: w.from, of: w.of, what });
+    if (aborted(w.worker, w.until, to)) {
+      // Its leave may have been dropped with its connection: the place lapses by itself.
+      add(w.name, {
+        from: to,
+        to: to + PLACE_LAPSE_MS,
+        held: false,
+        dead: true,
+        since: w.from,
+        of: w.of,
+        what: `${what}, left behind`,
+      });
+    }
     const late = `an attempt of worker ${w.worker}'s wait from ${fmt(w.from)}, answered late`;
     for (const p of [...(pausesOf.get(w.worker) ?? []), ...(pausesOf.get(-1) ?? [])]) {
       if (p.to - p.from < LATE_PAUSE_MS || p.to < w.from || p.from > w.until) continue;
@@ -988,7 +1045,8 @@ function checkHeldByNobody(
       // operationTimeout near a fault). A waiting call whose attempt failed leaves the place that
       // attempt may have taken to lapse; one that gave up or was cancelled leaves the line.
       const landed = e.cause === 'cancelled' && touched(e.worker, e.from - opT, e.to + opT) ? opT : 0;
-      const to = recovered(e.worker, settled(e.worker, e.to) + landed);
+      let to = recovered(e.worker, settled(e.worker, e.to) + landed);
+      if (aborted(e.worker, e.from, to)) to += e.leaseMs ?? DEFAULT_LEASE_MS;
       const asked = e.mode === 'permit' ? `permit of ${e.permits}` : (e.mode ?? '');
       const what = `worker ${e.worker}'s ${asked} call of unknown outcome (${e.cause ?? '?'})`;
       add(e.name, { from: e.from, to, held: true, of: e, what });
@@ -1002,6 +1060,7 @@ function checkHeldByNobody(
           to: to + PLACE_LAPSE_MS,
           held: false,
           dead: true,
+          since: e.from,
           of: e,
           what: `the place left by ${what}`,
         });
@@ -1074,8 +1133,13 @@ function checkHeldByNobody(
       if (at >= w.until) break;
     }
     if (at < w.until) gaps.push([at, w.until]);
+    // Places left ahead of it by waiters that are gone: each costs it a grant's lease and, when the
+    // second in line is gone too, up to the next attempt of a live waiter (README: two dead waiters
+    // at the front, 1.26 s), until it lapses by itself.
+    const dead = (byName.get(w.name) ?? []).filter((c) => c.dead === true && (c.since ?? Infinity) < w.from);
     for (const [x, y] of gaps) {
-      if (y - x - stalled(w.worker, x, y) <= LINE_GAP_MS) continue;
+      const deadAhead = dead.filter((c) => c.from < y && c.to > x).length;
+      if (y - x - stalled(w.worker, x, y) <= LINE_GAP_MS + deadPlacesCost(deadAhead)) continue;
       violations.push({
         rule: 'held-by-nobody',
         text:

@@ -378,6 +378,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     operationTimeoutMs: draws.operationTimeout,
     redisClockOffsetMs,
     commandTimeoutMs: draws.commandTimeout,
+    abortsOnReset: draws.autoPipelining || topology === 'cluster',
   };
   const violations = checkHistory(events, faults, check);
   const dumpDir = process.env.HISTORY_DUMP;
@@ -426,7 +427,8 @@ async function inject(
   const everywhere = group.proxies.length > 1 && random() < 0.5 ? group.proxies : [proxy];
   const script = scripts[Math.floor(random() * scripts.length)];
   const roll = random();
-  const note = (kind: string, from: number, to = clock()): void => void faults.push({ worker, kind, from, to });
+  const note = (kind: string, from: number, closes = true): void =>
+    void faults.push({ worker, kind, from, to: clock(), closes });
   try {
     if (roll < 0.22) {
       await proxy.dropReply(isScript(script));
@@ -441,7 +443,7 @@ async function inject(
     } else if (roll < 0.46) {
       const delayMs = 20 + random() * 580;
       await proxy.delayReply(isScript(script), delayMs);
-      note(`delay ${script.name}`, clock() - delayMs);
+      note(`delay ${script.name}`, clock() - delayMs, false);
     } else if (roll < 0.58 && draws.operationTimeout <= 1_000) {
       // Past the operationTimeout: the caller gives up while Redis has run it.
       const late = pickLate(random, scripts);
@@ -449,11 +451,11 @@ async function inject(
       const delayMs = draws.operationTimeout + 20 + random() * 280;
       await proxy.delayReply(isScript(late), delayMs, { requestMs });
       const held = requestMs > 0 ? ' (held on its way)' : '';
-      note(`${late.name} past operationTimeout${held}`, clock() - delayMs - requestMs);
+      note(`${late.name} past operationTimeout${held}`, clock() - delayMs - requestMs, false);
     } else if (roll < 0.64 && draws.commandTimeout !== undefined) {
       const delayMs = draws.commandTimeout + 50 + random() * 350;
       await proxy.delayReply(isScript(script), delayMs);
-      note(`${script.name} past commandTimeout`, clock() - delayMs);
+      note(`${script.name} past commandTimeout`, clock() - delayMs, false);
     } else if (roll < 0.82) {
       const kind: ConnectionKind = (['subscriber', 'command', 'all'] as const)[Math.floor(random() * 3)];
       for (const p of everywhere) p.resetConnections(kind);
@@ -463,7 +465,8 @@ async function inject(
       const thenReset = random() < 0.5;
       const from = clock();
       await Promise.all(everywhere.map((p) => p.blackhole(ms, { thenReset })));
-      note(`${thenReset ? 'blackhole + reset' : 'blackhole'}${everywhere.length > 1 ? ' (every node)' : ''}`, from);
+      const where = everywhere.length > 1 ? ' (every node)' : '';
+      note(`${thenReset ? 'blackhole + reset' : 'blackhole'}${where}`, from, thenReset);
     }
   } catch {
     // The proxy closed before this fault bit: it never happened.
