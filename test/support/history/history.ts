@@ -48,22 +48,33 @@
  *    shared waiters ahead of it in the line must take their permits first).
  *
  * 4. A lock held by nobody ('held-by-nobody'): a call refused while no record can explain what held
- *    the lock in Redis. Every state a lock can have in Redis belongs to some call, and the records
- *    bound when: a hold from its call to its release (`freed`, or a lease after its work ended when
- *    that is not known, or its `lockAtLeastFor`), a waiter's place in the line from its call to
- *    just after it ended (3 s more, a place's lapse, when a fault hit its own connection then: its
- *    leave may be lost), a call of unknown outcome (a timeout, ioredis's `commandTimeout`, a failed
- *    multi-lock, a cancelled Observable) until just after it failed, or after its own connection
- *    recovered (the library gives such a hold back at once, queued behind the acquisition), and a
- *    non-waiting call refused late (an acquisition answered after its lease is given back). So
- *    a. a call that did not wait and was refused (`busy`) while no such window of another call was
- *       open is wrong: the lock was free in Redis and nobody stood in its line;
- *    b. a waiter still waiting through a stretch of `LINE_GAP_MS` (more its process's stalls) with
- *       no window open is wrong: a free lock with nobody else in its line is taken by the waiter's
- *       next attempt, at least every second.
- *    (Findings 5-8 of issue 20: a take-up renewal or an ioredis `commandTimeout` that strands a
+ *    the lock in Redis. Every state a lock can have there belongs to some recorded call, and the
+ *    records bound when (see `checkHeldByNobody`):
+ *    - a hold, from when its fencing token (Redis's clock in µs) says it was taken, to the release
+ *      that freed it (`freed`); or just after its work ended, when that release was not seen (every
+ *      hold is released as its work ends, lost or not, and a release reaches Redis once its
+ *      connection is back); a lease later only where commands in flight may be dropped
+ *      (auto-pipelining, a Cluster) and a fault closed the connection; and its `lockAtLeastFor`;
+ *    - a call of unknown outcome (a timeout, ioredis's `commandTimeout`, a closed connection, a
+ *      multi-lock that gave up, a cancelled Observable) until just after it failed, or its
+ *      connection recovered: the library gives such a hold back at once;
+ *    - an attempt answered after its lease (its process stood still, or a fault delayed it), given
+ *      back, and a call that did not wait refused late for that reason;
+ *    - a live waiter's place in the line, from its call to just after it got the lock or gave up;
+ *      a place left by a waiter whose first attempt failed (or whose leave was dropped), until it
+ *      lapses (3 s).
+ *    So
+ *    a. a call that did not wait and was refused (`busy`) is wrong when nothing may have held the
+ *       lock, no dead place stood in its line, and no live waiter was on its way to a lock freed
+ *       less than `LINE_GAP_MS` before (it would have taken it by then);
+ *    b. a waiter kept waiting `LINE_GAP_MS` (more its process's stalls) while nothing may have held
+ *       the lock and no live waiter was ahead of it is wrong: a free lock is taken by the waiter's
+ *       next attempt, at least every second. Dead places ahead of it cost 250 ms for the first and
+ *       up to a second for each further one (README: "two dead waiters at the front 1.26 s").
+ *    (Findings 5-9 of issue 20: a take-up renewal or an ioredis `commandTimeout` that strands a
  *    lock for a lease, a failed multi-lock or a cancelled call that keeps its parts for
- *    `lockAtLeastFor`, a free lock refused just after a waiter left.)
+ *    `lockAtLeastFor`, a free lock refused just after a waiter left, a dead shared head that holds
+ *    a free lock up for seconds.)
  *
  * An operator's `forceUnlock` ('force-unlock' records) removes holds on purpose: their holders
  * learn it at their next renewal. A hold is excused (counts as told from the moment the operator's
