@@ -1039,10 +1039,12 @@ function checkHeldByNobody(
       if (p.to - p.from < LATE_PAUSE_MS || p.to < w.from || p.from > w.until) continue;
       add(w.name, { from: p.from - SETTLE_MS, to: settled(w.worker, p.to), held: true, of: w.of, what: late });
     }
+    // An attempt caught by a fault was sent just before it bit (a reply answers within a round trip
+    // otherwise): it held the lock from then until its give-back reached Redis.
     for (const f of faultsOf.get(w.worker) ?? []) {
-      if (f.to < w.from - opT || f.from > w.until) continue;
+      if (f.to < w.from || f.from > w.until) continue;
       add(w.name, {
-        from: f.from - opT,
+        from: f.from - SETTLE_MS,
         to: recovered(w.worker, settled(w.worker, f.to)),
         held: true,
         of: w.of,
