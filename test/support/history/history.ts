@@ -334,6 +334,11 @@ export interface CheckOptions {
   /** The run's ioredis commandTimeout, if it drew one: an attempt fails after it at the latest too. */
   readonly commandTimeoutMs?: number;
   /**
+   * When the run told its workers to stop: they finish the calls under way and close their apps,
+   * whose queued releases, give-backs and leaves may then never be sent. Rule 4 judges nothing after.
+   */
+  readonly stoppedAt?: number;
+  /**
    * Commands in flight when a connection closes may be dropped instead of sent again (ioredis
    * auto-pipelining; a Cluster's node connections, to be safe): a release cut off so leaves its
    * key to the lease.
@@ -969,8 +974,10 @@ function checkHeldByNobody(
   const anyStalled = (from: number, to: number): number => Math.max(0, ...workers.map((w) => stalled(w, from, to)));
   /** When a hold was taken in Redis, as its token says (Redis's clock in µs), or at the latest its call. */
   const offset = options.redisClockOffsetMs;
+  // A multi-lock's part counts from its call: a round that found a later part busy held the earlier
+  // ones meanwhile, gave them back and took them again (with new tokens).
   const acquiredAt = (h: Judged): number =>
-    offset === undefined
+    offset === undefined || h.op === 'multi'
       ? h.calledAt
       : Math.min(h.start, Math.max(h.calledAt, h.token / 1_000 - offset - CLOCK_SLACK_MS));
 
@@ -1101,8 +1108,9 @@ function checkHeldByNobody(
 
   // a. A call that did not wait, refused while nothing may have held the lock, and no waiter stood
   // in its line (a live waiter only just after a hold ended: it takes a lock left free within LINE_GAP_MS).
+  const until = options.stoppedAt ?? Infinity;
   for (const e of events) {
-    if (e.kind !== 'busy' || e.at - e.calledAt > SLOW_REFUSAL_MS) continue;
+    if (e.kind !== 'busy' || e.at - e.calledAt > SLOW_REFUSAL_MS || e.at > until) continue;
     const held = heldOf.get(e.name) ?? none;
     if (held.open(e.calledAt, e.at)) continue;
     const line = lineOf.get(e.name) ?? none;
@@ -1146,6 +1154,8 @@ function checkHeldByNobody(
       if (at >= w.until) break;
     }
     if (at < w.until) gaps.push([at, w.until]);
+    // Once the run stopped, processes shut down and what they still had queued may never be sent.
+    for (const gap of gaps) gap[1] = Math.min(gap[1], until);
     // Places left ahead of it by waiters that are gone: each costs it a grant's lease and, when the
     // second in line is gone too, up to the next attempt of a live waiter (README: two dead waiters
     // at the front, 1.26 s), until it lapses by itself.

@@ -259,6 +259,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
   const faults: FaultRecord[] = [];
   let semaphores: FamilyWorkerConfig['semaphores'] = [];
   let redisClockOffsetMs: number | undefined;
+  let stoppedAt: number | undefined;
   let ticker: NodeJS.Timeout | undefined;
   try {
     if (topology === 'cluster') cluster = await RedisCluster.start();
@@ -357,6 +358,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
       }
       workers.forEach(collect);
     }
+    stoppedAt = clock();
     for (const w of workers) w.send({ type: 'stop' });
     for (const w of workers) {
       const done = await w.next('history-done', 90_000);
@@ -379,6 +381,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     redisClockOffsetMs,
     commandTimeoutMs: draws.commandTimeout,
     abortsOnReset: draws.autoPipelining || topology === 'cluster',
+    stoppedAt,
   };
   const violations = checkHistory(events, faults, check);
   const dumpDir = process.env.HISTORY_DUMP;
