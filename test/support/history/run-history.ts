@@ -79,7 +79,7 @@ export interface HistoryRunOptions {
   readonly plain?: boolean;
   /** The control run (with `plain`): the same work without any lock. The checker must then find overlaps. */
   readonly lockless?: boolean;
-  /** An operator force-unlocks a random name every 0.4-1.5 s (default: yes, except with `plain`). */
+  /** An operator force-unlocks a held name every 0.3-1 s (default: yes, except with `plain`). */
   readonly operator?: boolean;
   /** Inject no fault in the last this many ms of the run, so that the wake-up rule judges them all. */
   readonly calmTailMs?: number;
@@ -314,7 +314,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
         names: [...locks.rwNames, ...locks.semaphores.map((s) => s.name)],
         seed: (options.seed * 31 + 7) >>> 0,
         operationTimeout: draws.operationTimeout,
-        everyMs: [400, 1_500],
+        everyMs: [300, 1_000],
         deadlineMs: options.durationMs + 120_000,
       };
       workers.push(set.start('../history/operator', config, { echo: options.echo }));
@@ -353,7 +353,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
             () => (operatorFaultDone = true),
           );
           injected.push(operatorFault);
-          nextOperatorFault = clock() + 400 + random() * 800;
+          nextOperatorFault = clock() + 300 + random() * 500;
         }
       }
       workers.forEach(collect);
@@ -502,15 +502,15 @@ async function injectOperator(
   const note = (kind: string, from: number, to = clock()): void =>
     void faults.push({ worker, kind, from, to, operator: true });
   try {
-    if (roll < 0.55) {
+    if (roll < 0.7) {
       await proxy.dropReply(isScript(FORCE_UNLOCK_SCRIPT));
       note('drop force-unlock + reset', clock());
-    } else if (roll < 0.8) {
+    } else if (roll < 0.85) {
       const delayMs =
         draws.operationTimeout <= 1_000 ? draws.operationTimeout + 20 + random() * 280 : 20 + random() * 580;
       await proxy.delayReply(isScript(FORCE_UNLOCK_SCRIPT), delayMs);
       note('delay force-unlock', clock() - delayMs);
-    } else if (roll < 0.92) {
+    } else if (roll < 0.95) {
       const ms = 50 + random() * 350;
       const from = clock();
       await Promise.all(group.proxies.map((p) => p.blackhole(ms, { thenReset: random() < 0.5 })));
