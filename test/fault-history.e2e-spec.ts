@@ -15,7 +15,7 @@ import { checkHistory, draws, type HistoryEvent, type HoldRecord, sharing } from
 import { type HistoryRun, runHistory, type Topology } from './support/history/run-history';
 
 /** Each seed runs this long, start-up and shutdown not counted (5-15 s more, on a busy machine). */
-const RUN_MS = 12_000;
+const RUN_MS = 10_000;
 
 /** Seeds in which each forged history below was flagged more than the history as it was; most readers in at once. */
 const shown = { forced: 0, nobody: 0, longLease: 0, readers: 0 };

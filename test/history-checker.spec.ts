@@ -62,17 +62,17 @@ describe('history checker', () => {
       const frozen = hold({ owner: 'a', start: 0, end: 40, token: 1 });
       const second = hold({ owner: 'b', worker: 1, start: 10, end: 50, token: 2 });
       expect(rules([frozen, second, { kind: 'pause', worker: 0, from: 5, to: 39.9 }])).toEqual([]);
-      expect(rules([frozen, second, { kind: 'pause', worker: 0, from: 5, to: 30 }])).toEqual(['overlap']);
+      expect(rules([frozen, second, { kind: 'pause', worker: 0, from: 5, to: 14 }])).toEqual(['overlap']);
       expect(rules([frozen, second])).toEqual(['overlap']);
     });
 
     it('excuses a late report only by as long as the first holder’s event loop stood still', () => {
-      const late = hold({ owner: 'a', start: 0, end: 20, token: 1, lostAt: 12 }); // 7 ms after the second got in
-      const second = hold({ owner: 'b', worker: 1, start: 5, end: 22, token: 2 });
+      const late = hold({ owner: 'a', start: 0, end: 40, token: 1, lostAt: 30 }); // 25 ms after the second got in
+      const second = hold({ owner: 'b', worker: 1, start: 5, end: 42, token: 2 });
       // The report may come a moment after the loop is back (the running code's next write goes first).
-      expect(rules([late, second, { kind: 'pause', worker: 0, from: 3, to: 10 }])).toEqual([]);
+      expect(rules([late, second, { kind: 'pause', worker: 0, from: 3, to: 20 }])).toEqual([]);
       expect(rules([late, second, { kind: 'pause', worker: 0, from: 3, to: 6 }])).toEqual(['overlap']);
-      expect(rules([late, second, { kind: 'pause', worker: 1, from: 3, to: 10 }])).toEqual(['overlap']);
+      expect(rules([late, second, { kind: 'pause', worker: 2, from: 3, to: 28 }])).toEqual(['overlap']);
       // Overlapping records of one pause (the ticker's and the exact one of synchronous work) count once.
       const twice: HistoryEvent[] = [
         { kind: 'pause', worker: 0, from: 3, to: 6 },
