@@ -258,6 +258,30 @@ describe('FaultProxy', () => {
     expect(clientOrder).toEqual(['other connection', 'get a', 'get b', 'second get a']);
   });
 
+  it('delayReply with requestMs holds the command on its way first: Redis runs it that much later', async () => {
+    const redis = client();
+    const other = client();
+    await Promise.all([redis.ping(), other.ping()]);
+    const delayed = proxy.delayReply(isCommand('incr', 'held'), 100, { requestMs: 200 });
+    const started = performance.now();
+    const value = redis.incr('held');
+    // When Redis has it, as a client of its own sees (another connection through the proxy flows meanwhile).
+    let ranAfter = 0;
+    expect(await other.ping()).toBe('PONG');
+    expect(
+      await eventually(
+        async () => (await direct.get('held')) !== null && (ranAfter = performance.now() - started) > 0,
+        2_000,
+        2,
+      ),
+    ).toBe(true);
+    expect(ranAfter).toBeGreaterThanOrEqual(195);
+    expect(await value).toBe(1);
+    expect(performance.now() - started).toBeGreaterThanOrEqual(295);
+    await delayed;
+    expect(() => proxy.delayReply(isCommand('get'), 1, { requestMs: -1 })).toThrow(RangeError);
+  });
+
   it('matches a command when it goes to Redis: one sent before the fault was armed is not matched', async () => {
     const redis = client();
     await redis.ping();

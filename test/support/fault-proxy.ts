@@ -324,7 +324,8 @@ class ReplyScanner {
 }
 
 type FaultAction =
-  { readonly kind: 'drop'; readonly then: 'reset' | 'stall' } | { readonly kind: 'delay'; readonly ms: number };
+  | { readonly kind: 'drop'; readonly then: 'reset' | 'stall' }
+  | { readonly kind: 'delay'; readonly ms: number; readonly requestMs: number };
 
 interface ArmedFault {
   /** Arming order, to put a fault back in its place when its connection closed too early. */
@@ -394,6 +395,11 @@ class Link {
   private stalled = false;
   /** CLIENT REPLY SKIP was sent: the command after it gets no reply. */
   private skipNextReply = false;
+  /** A command just parsed is to be held on its way for this long (see `delayReply`'s `requestMs`). */
+  private holdRequestMs = 0;
+  /** What the client sent while a command is held on its way, in order, and the timer that lets it go. */
+  private inbound: Buffer[] = [];
+  private inboundTimer: NodeJS.Timeout | undefined;
 
   constructor(
     readonly id: number,
@@ -485,6 +491,9 @@ class Link {
     }
     this.outstanding = [];
     this.out = [];
+    clearTimeout(this.inboundTimer);
+    this.inboundTimer = undefined;
+    this.inbound = [];
     this.owner.forget(this);
     for (const fault of unfinished) this.owner.rearm(fault);
     return true;
@@ -495,8 +504,29 @@ class Link {
     // Parse first, so a matching fault is attached before Redis can answer.
     this.commands.feed(chunk, (argv) => this.owner.onCommand(this, argv));
     if (this.closed) return;
+    if (this.holdRequestMs > 0 && !this.inboundTimer) {
+      // Held on its way: this chunk (with whatever came before the command in it) and all after it.
+      this.inboundTimer = setTimeout(() => this.releaseInbound(), this.holdRequestMs);
+    }
+    this.holdRequestMs = 0;
+    if (this.inboundTimer) {
+      this.inbound.push(chunk);
+      return;
+    }
     this.server.write(chunk);
     if (this.server.writableNeedDrain) this.updateFlow();
+  }
+
+  /** A command held on its way goes on to Redis, with what the client sent behind it (after any blackhole). */
+  private releaseInbound(): void {
+    if (this.closed) return;
+    if (this.owner.isBlackholed()) {
+      this.inboundTimer = setTimeout(() => this.releaseInbound(), 5);
+      return;
+    }
+    this.inboundTimer = undefined;
+    for (const chunk of this.inbound.splice(0)) this.server.write(chunk);
+    this.updateFlow();
   }
 
   /** Track a command sent on this connection, with the fault it matched, if any. */
@@ -518,6 +548,9 @@ class Link {
     const startsStream = subscribes || name === 'monitor' || (clientReply && mode === 'off');
     if (startsStream) this.uncorrelatedSent = true;
     const fault = startsStream || this.stalled ? undefined : this.owner.claimFault(command);
+    if (fault?.action.kind === 'delay' && fault.action.requestMs > 0) {
+      this.holdRequestMs = Math.max(this.holdRequestMs, fault.action.requestMs);
+    }
     this.outstanding.push({ command, fault, startsStream, hold: undefined });
   }
 
@@ -661,12 +694,20 @@ export class FaultProxy {
   /**
    * Hold the reply to the next matching command for `ms` before delivering it; replies after it on
    * the same connection wait behind it, as they would on a slow TCP link. Resolves once delivered.
-   * The time counts from when the whole reply reached the proxy.
+   * The time counts from when the whole reply reached the proxy. With `requestMs`, the command
+   * itself is held that long on its way to Redis first (with what the client sent in the same
+   * chunk before it, and everything after it on the connection).
    */
-  delayReply(match: CommandMatcher, ms: number): Promise<SeenCommand> {
-    if (!(ms >= 0) || !Number.isFinite(ms))
-      throw new RangeError(`delayReply: ms must be a finite number >= 0, not ${ms}`);
-    return this.arm(match, { kind: 'delay', ms });
+  delayReply(match: CommandMatcher, ms: number, options: { requestMs?: number } = {}): Promise<SeenCommand> {
+    const requestMs = options.requestMs ?? 0;
+    for (const [what, value] of [
+      ['ms', ms],
+      ['requestMs', requestMs],
+    ] as const) {
+      if (!(value >= 0) || !Number.isFinite(value))
+        throw new RangeError(`delayReply: ${what} must be a finite number >= 0, not ${value}`);
+    }
+    return this.arm(match, { kind: 'delay', ms, requestMs });
   }
 
   /** Destroy client connections of this kind now (a subscriber is one that sent (P|S)SUBSCRIBE). */

@@ -21,20 +21,30 @@ export interface HistoryLoop<A> {
   readonly random: () => number;
   /** Where `record` puts events until they are sent up. */
   readonly pending: HistoryEvent[];
-  /** The fenced resource's client: closed at the end. */
-  readonly fence: Redis;
+  /** The fenced resource's client, if the worker has one: closed at the end. */
+  readonly fence?: Redis;
   readonly lifetime: { finish(): void };
   /** One call of a loop. */
   oneCall(actor: A, locks: LockService): Promise<void>;
+  /** Once the app is up, before 'ready' (to listen for lock events). */
+  onReady?(locks: LockService): void;
+  /** After the app has closed (a client the worker created, which the module does not close). */
+  afterClose?(): void;
 }
 
 export function runHistoryLoop<A>(loop: HistoryLoop<A>): void {
   const { pending } = loop;
+  // A rejection nobody handled would end the worker and lose its history: record it as the error it is.
+  process.on('unhandledRejection', (reason: unknown) => {
+    const error = reason instanceof Error ? (reason.stack ?? reason.message) : String(reason);
+    pending.push({ kind: 'error', worker: loop.worker, at: clock(), error: `unhandled rejection: ${error}` });
+  });
   runWorker(async () => {
     Logger.overrideLogger(['error']);
     const app = await NestFactory.createApplicationContext(loop.module, { logger: ['error'] });
     const actor = app.get(loop.actor);
     const locks = app.get(LockService);
+    loop.onReady?.(locks);
     await toParent({ type: 'ready' });
     await fromParent('go');
     const flusher = setInterval(() => {
@@ -59,11 +69,12 @@ export function runHistoryLoop<A>(loop: HistoryLoop<A>): void {
         }
       }),
     );
-    await sleep(700); // re-entries left running finish (their work is at most 600 ms)
+    await sleep(1_100); // re-entries left running finish (their work is at most 600 ms, and 400 ms of sync work)
     clearInterval(flusher);
     clearInterval(ticker);
     await app.close();
-    loop.fence.disconnect();
+    loop.afterClose?.();
+    loop.fence?.disconnect();
     await toParent({ type: 'history-done', events: pending.splice(0) });
     loop.lifetime.finish();
   });

@@ -47,10 +47,54 @@
  *    releaser's event loops are excused, for a permit also the longest of another process's (the
  *    shared waiters ahead of it in the line must take their permits first).
  *
+ * 4. A lock held by nobody ('held-by-nobody'): a call refused while no record can explain what held
+ *    the lock in Redis. Every state a lock can have there belongs to some recorded call, and the
+ *    records bound when (see `checkHeldByNobody`):
+ *    - a hold, from when its fencing token (Redis's clock in µs) says it was taken, to the release
+ *      that freed it (`freed`); or just after its work ended, when that release was not seen (every
+ *      hold is released as its work ends, lost or not, and a release reaches Redis once its
+ *      connection is back); a lease later only where commands in flight may be dropped
+ *      (auto-pipelining, a Cluster) and a fault closed the connection; and its `lockAtLeastFor`;
+ *    - a call of unknown outcome (a timeout, ioredis's `commandTimeout`, a closed connection, a
+ *      multi-lock that gave up, a cancelled Observable) until just after it failed, or its
+ *      connection recovered: the library gives such a hold back at once;
+ *    - an attempt answered after its lease (its process stood still, or a fault delayed it), given
+ *      back, and a call that did not wait refused late for that reason;
+ *    - a live waiter's place in the line, from its call to just after it got the lock or gave up;
+ *      a place left by a waiter whose first attempt failed (or whose leave was dropped), until it
+ *      lapses (3 s).
+ *    So
+ *    a. a call that did not wait and was refused (`busy`) is wrong when nothing may have held the
+ *       lock, no dead place stood in its line, and no live waiter was on its way to a lock freed
+ *       less than `LINE_GAP_MS` before (it would have taken it by then);
+ *    b. a waiter kept waiting `LINE_GAP_MS` (more its process's stalls) while nothing may have held
+ *       the lock and no live waiter was ahead of it is wrong: a free lock is taken by the waiter's
+ *       next attempt, at least every second. Dead places ahead of it cost 250 ms for the first and
+ *       up to a second for each further one (README: "two dead waiters at the front 1.26 s").
+ *    (Findings 5-9 of issue 20: a take-up renewal or an ioredis `commandTimeout` that strands a
+ *    lock for a lease, a failed multi-lock or a cancelled call that keeps its parts for
+ *    `lockAtLeastFor`, a free lock refused just after a waiter left, a dead shared head that holds
+ *    a free lock up for seconds.)
+ *
+ * An operator's `forceUnlock` ('force-unlock' records) removes holds on purpose: their holders
+ * learn it at their next renewal. A hold is excused (counts as told from the moment the operator's
+ * call began) when the call returned it among the holds it removed and its fencing token, which is
+ * Redis's clock in µs when it was taken, is smaller than Redis's clock read just before the
+ * operator's script ran (a read sent in the same write, on the same connection): it was in Redis
+ * when the operator's call got there. A hold taken after that and removed (a re-sent force-unlock
+ * script that frees the next holder too, finding 1) is not excused, nor a hold the call removed
+ * without returning it. A call that failed may have run or not: every hold taken before Redis's
+ * clock was read again on that connection after it is excused.
+ *
+ * A paused holder is excused (rules 1 and 2) only when its lease is short enough that a pause
+ * could have ended it: a fixed lease, or a renewed one shorter than `LONG_LEASE_MS`. A pause of a
+ * few hundred ms cannot end a 30 s watchdog lease (renewed every 10 s), so a second holder beside
+ * such a hold is wrong, paused or not (finding 3: a grant held at once ran on the grant's 250 ms).
+ *
  * Not judged: how long a multi-lock's parts waited (it takes them one after the other, holding the
  * first while it waits for the next; a multi-lock call that failed is recorded as `unknown` on each
  * of its names, as it may have held some), whether readers were admitted together as early as they
- * could have been, and anything near a fault beyond rules 1 and 2. A multi-lock may hand out a set
+ * could have been, and anything near a fault beyond rules 1, 2 and 4. A multi-lock may hand out a set
  * whose part was lost while the next one was waited for: its signal has then aborted already,
  * which rule 1 accepts (the summary counts such holds as "handed out already told").
  */
@@ -72,8 +116,15 @@ export function prng(seed: number): () => number {
   };
 }
 
-/** How a critical section got its lock. */
+/** How a critical section got its lock: a locked method, `withLock`, or `tryLock`/`lock` and `release()`. */
 export type LockPath = 'decorator' | 'withLock' | 'lock' | 'none';
+
+/**
+ * Which public call took the hold, for the summary: `tryLock` or `lock` (path 'lock'), a locked
+ * method declared to return a Promise, an Observable, or neither ('either': a Promise that is also
+ * an Observable), or `withLock`.
+ */
+export type CallKind = 'tryLock' | 'lock' | 'promise' | 'observable' | 'either' | 'withLock';
 
 /** What a hold shares its lock with: nobody, other readers, or up to `permits` - 1 other permits. */
 export type HoldMode = 'exclusive' | 'read' | 'permit';
@@ -96,6 +147,16 @@ export interface HoldRecord {
   readonly op?: LockOp;
   /** The lease it was taken with, for messages: 'expire 250', 'watchdog 300'. */
   readonly lease?: string;
+  /** The lease in ms (a fixed `expire`, or the watchdog's lease), when the record knows it. */
+  readonly leaseMs?: number;
+  /** The watchdog renews the lease (false: a fixed `expire`). */
+  readonly renewed?: boolean;
+  /** Its `lockAtLeastFor`, if any: the lock stays taken that long after it was acquired. */
+  readonly lockAtLeastFor?: number;
+  /** ms of synchronous work the critical section began with (its event loop did not run meanwhile). */
+  readonly syncMs?: number;
+  /** Which public call took it (for the summary). */
+  readonly call?: CallKind;
   /** The handle was in hand (inside the critical section). */
   readonly start: number;
   /** The critical section's work was done (before any release was sent). */
@@ -138,10 +199,16 @@ export interface GiveUpRecord {
   readonly at: number;
 }
 
+/** Why a call's outcome is unknown (see `UnknownRecord`). */
+export type UnknownCause = 'timeout' | 'command-timeout' | 'unavailable' | 'multi' | 'cancelled';
+
 /**
- * A call that failed with Redis unavailable: its acquisition may still have taken the lock in
- * Redis, which then stays taken until the library gives it back or its lease ends (`to`). Also
- * each name of a multi-lock call that failed: it may have held its first parts meanwhile.
+ * A call that failed with Redis unavailable (`to`: when it failed): its acquisition may still have
+ * taken the lock in Redis, which the library gives back (at once, queued behind it on its
+ * connection, and again if its answer lands later). Also each name of a multi-lock call that
+ * failed (it may have held its first parts meanwhile), and a locked method's Observable
+ * unsubscribed before its lock came (`to`: when it was unsubscribed; an attempt on its way then is
+ * given back when it lands).
  */
 export interface UnknownRecord {
   readonly kind: 'unknown';
@@ -149,6 +216,62 @@ export interface UnknownRecord {
   readonly name: string;
   readonly from: number;
   readonly to: number;
+  readonly cause?: UnknownCause;
+  /** The call waited (`waitTime` > 0): a place it took in the line may be left to lapse. */
+  readonly waits?: boolean;
+  /** What it asked for (absent: exclusive, or not said). */
+  readonly mode?: HoldMode;
+  readonly permits?: number;
+  /** A multi-lock's call (it took its parts one after the other). */
+  readonly multi?: boolean;
+  /** The lease it asked for, if the record knows it. */
+  readonly leaseMs?: number;
+}
+
+/**
+ * A call that did not wait (`waitTime` 0) and found the lock busy: `tryLock` answered null, or
+ * `lock`, `withLock` or a locked method threw `LockNotAcquiredError`. Its one attempt ran in Redis
+ * between `calledAt` and `at`.
+ */
+export interface BusyRecord {
+  readonly kind: 'busy';
+  readonly worker: number;
+  readonly name: string;
+  readonly mode?: HoldMode;
+  readonly permits?: number;
+  readonly calledAt: number;
+  readonly at: number;
+}
+
+/**
+ * A hold's release freed the lock in Redis (the library's 'released' event, seen when the release
+ * was answered): whatever way it was released (a locked method's end, `withLock`, `release()`).
+ */
+export interface FreedRecord {
+  readonly kind: 'freed';
+  readonly worker: number;
+  readonly name: string;
+  readonly owner: string;
+  readonly at: number;
+}
+
+/**
+ * An operator's `forceUnlock(name)`, called at `calledAt`, settled at `at`. `before` is Redis's
+ * clock (µs, as fencing tokens count) read by a script sent just before the force-unlock script
+ * on the same connection, in the same write: every hold in Redis when the script ran had a token
+ * below it, unless something ran in between. `removed` the owners it returned; absent when the
+ * call failed (its outcome unknown), in which case `until`, if known, is Redis's clock read on that
+ * connection after it failed: it ran before that, or never.
+ */
+export interface ForceUnlockRecord {
+  readonly kind: 'force-unlock';
+  readonly worker: number;
+  readonly name: string;
+  readonly calledAt: number;
+  readonly at: number;
+  readonly before?: number;
+  readonly removed?: readonly string[];
+  readonly until?: number;
 }
 
 /** Something unexpected in a worker: an error other than busy or Redis unavailable. */
@@ -172,7 +295,16 @@ export interface PauseRecord {
   readonly to: number;
 }
 
-export type HistoryEvent = HoldRecord | ReleaseRecord | GiveUpRecord | ErrorRecord | PauseRecord | UnknownRecord;
+export type HistoryEvent =
+  | HoldRecord
+  | ReleaseRecord
+  | GiveUpRecord
+  | ErrorRecord
+  | PauseRecord
+  | UnknownRecord
+  | BusyRecord
+  | FreedRecord
+  | ForceUnlockRecord;
 
 /** A fault injected into one worker's connection to Redis, from when it bit to when it was over. */
 export interface FaultRecord {
@@ -180,16 +312,38 @@ export interface FaultRecord {
   readonly kind: string;
   readonly from: number;
   readonly to: number;
+  /** On the operator's connection: it carries no lock of anyone's, so it cannot hide a hold. */
+  readonly operator?: boolean;
+  /** false: the fault closed no connection (a delay, a blackhole without a reset); absent: it may have. */
+  readonly closes?: boolean;
 }
 
 export interface Violation {
-  readonly rule: 'overlap' | 'permits' | 'fencing' | 'lost-wake-up' | 'error';
+  readonly rule: 'overlap' | 'permits' | 'fencing' | 'lost-wake-up' | 'held-by-nobody' | 'error';
   readonly text: string;
 }
 
 export interface CheckOptions {
   /** The run's operationTimeout: a fault may delay what happens up to this much later. */
   readonly operationTimeoutMs: number;
+  /**
+   * Redis's clock (ms) less `clock()`, measured by the run: a fencing token (Redis's clock in µs
+   * when the lock was taken) then says when a hold began in Redis. Without it, from its call.
+   */
+  readonly redisClockOffsetMs?: number;
+  /** The run's ioredis commandTimeout, if it drew one: an attempt fails after it at the latest too. */
+  readonly commandTimeoutMs?: number;
+  /**
+   * When the run told its workers to stop: they finish the calls under way and close their apps,
+   * whose queued releases, give-backs and leaves may then never be sent. Rule 4 judges nothing after.
+   */
+  readonly stoppedAt?: number;
+  /**
+   * Commands in flight when a connection closes may be dropped instead of sent again (ioredis
+   * auto-pipelining; a Cluster's node connections, to be safe): a release cut off so leaves its
+   * key to the lease.
+   */
+  readonly abortsOnReset?: boolean;
 }
 
 /**
@@ -209,9 +363,74 @@ const RELEASE_SLACK_MS = 20;
 /** How far before the second owner got in a stall of the first holder's loop can have delayed its report. */
 const STALL_WINDOW_MS = 50;
 
+/**
+ * How long after its event loop came back a report may still come: the code that was running goes
+ * on to its next await first (a critical section's first write goes out before it), then what
+ * piled up meanwhile, and an overdue renewal is sent before the lease's end is looked at on the
+ * next turn of the loop (a lost lease was reported 4.7 ms after a 383 ms pause on a busy machine).
+ */
+const REPORT_SLACK_MS = 15;
+
+/**
+ * How long each worker's event loop stood still within [from, to]: the union of its pauses and the
+ * run's own (a worker records both its ticker's late ticks and, exactly, its synchronous work, which
+ * overlap; each instant counts once).
+ */
+function pausedIn(pauses: readonly PauseRecord[]): Paused {
+  const byWorker = new Map<number, PauseRecord[]>();
+  for (const p of pauses) byWorker.set(p.worker, [...(byWorker.get(p.worker) ?? []), p]);
+  const sorted = new Map<number, PauseRecord[]>();
+  return (worker, from, to) => {
+    let list = sorted.get(worker);
+    if (!list) {
+      list = [...(byWorker.get(worker) ?? []), ...(worker === -1 ? [] : (byWorker.get(-1) ?? []))].sort(
+        (a, b) => a.from - b.from,
+      );
+      sorted.set(worker, list);
+    }
+    let total = 0;
+    let reached = from;
+    for (const p of list) {
+      if (p.from >= to) break;
+      if (p.to <= reached) continue;
+      const begin = Math.max(p.from, reached);
+      const end = Math.min(p.to, to);
+      if (end > begin) total += end - begin;
+      reached = Math.max(reached, end);
+    }
+    return total;
+  };
+}
+
 /** The worker's ticker interval, and how much later than that a tick must come to count as a pause. */
 export const TICK_MS = 5;
 export const PAUSE_MS = 2;
+
+/**
+ * A renewed lease at least this long cannot be ended by a pause of the holder's process (renewed
+ * every third of it, it would take a pause of two thirds: seconds, where the history's longest
+ * pauses, its synchronous work included, are a few hundred ms): a second holder beside it is not
+ * excused by the first one's pause.
+ */
+export const LONG_LEASE_MS = 3_000;
+
+/**
+ * Rule 4's margins. A release, a leave or a give-back sent as a call returned reaches Redis within
+ * `SETTLE_MS` (more the sender's and the proxies' stalls); a connection hit by a fault carries what
+ * waited in its client (ioredis re-sends what was unanswered, in order, then what was queued)
+ * within `RECOVER_MS` after the fault ended (the module's first reconnect is 50 ms away; a Cluster
+ * re-routes after 100 ms); a place a waiter took with an attempt whose outcome is unknown (it never
+ * learnt it was in the line) lapses after `PLACE_LAPSE_MS` (the store's PLACE_MS).
+ */
+const SETTLE_MS = 150;
+const RECOVER_MS = 500;
+const PLACE_LAPSE_MS = 3_000;
+/** A waiter attempts at least every second (the store's lineRefreshMs), the grant lasts 250 ms; and room. */
+export const LINE_GAP_MS = 1_500;
+/** A refusal that took longer may be an acquisition answered after its lease, given back. */
+const SLOW_REFUSAL_MS = 100;
+/** The lease of a hold whose record does not say (the module's default watchdog lease). */
+const DEFAULT_LEASE_MS = 30_000;
 
 const fmt = (ms: number): string => ms.toFixed(1);
 
@@ -221,24 +440,80 @@ export const modeOf = (hold: { readonly mode?: HoldMode }): HoldMode => hold.mod
 /** How long a worker's event loop stood still within [from, to], in ms (the run's own stalls count for all). */
 type Paused = (worker: number, from: number, to: number) => number;
 
-/**
- * Whether `hold` had been told it lost the lock by `at`: its signal aborted by then, or later by no
- * more than its process stood still when the report was due (the library cannot report while its
- * event loop does not run: README, "A paused holder"). A hold never told was not told before its
- * record at `end`: excused when its loop stood still for all of that but a little (its work, frozen
- * too, ended as the loop came back, before the report's timer could run).
- */
-function toldBy(hold: HoldRecord, at: number, paused: Paused): boolean {
-  if (hold.lostAt !== undefined && hold.lostAt <= at) return true;
-  const told = hold.lostAt ?? hold.end;
-  return told - at <= paused(hold.worker, at - STALL_WINDOW_MS, told);
+/** A hold as the checker judges it: with what an operator's forceUnlock did to it, if anything. */
+interface Judged extends HoldRecord {
+  /** An operator's forceUnlock that may have removed it began then: it counts as told from then on. */
+  readonly forcedAt?: number;
+  /** The forceUnlock that removed it had answered by then: Redis no longer had it. */
+  readonly goneBy?: number;
 }
 
-function describe(hold: HoldRecord): string {
+/** Whether a pause of the holder's process could have ended this hold's lease (see LONG_LEASE_MS). */
+function pauseCanEnd(hold: HoldRecord): boolean {
+  return hold.renewed !== true || hold.leaseMs === undefined || hold.leaseMs < LONG_LEASE_MS;
+}
+
+/**
+ * Whether `hold` had been told it lost the lock by `at`: its signal aborted by then (or an
+ * operator's forceUnlock that removed it had begun), or later by no more than its process stood
+ * still when the report was due (the library cannot report while its event loop does not run:
+ * README, "A paused holder"), if a pause could end its lease at all. A hold never told was not told
+ * before its record at `end`: excused when its loop stood still for all of that but a little (its
+ * work, frozen too, ended as the loop came back, before the report's timer could run).
+ */
+function toldBy(hold: Judged, at: number, paused: Paused): boolean {
+  if (Math.min(hold.lostAt ?? Infinity, hold.forcedAt ?? Infinity) <= at) return true;
+  if (!pauseCanEnd(hold)) return false;
+  const told = hold.lostAt ?? hold.end;
+  const stood = paused(hold.worker, at - STALL_WINDOW_MS, told);
+  return told - at <= stood + (stood > 0 ? REPORT_SLACK_MS : 0);
+}
+
+function describe(hold: Judged): string {
   const kind = hold.mode === 'permit' ? `permit of ${hold.permits}` : modeOf(hold);
   const via = hold.op && hold.op !== 'read' && hold.op !== 'permit' ? ` ${hold.op}` : '';
   const lease = hold.lease ? `, ${hold.lease}` : '';
-  return `worker ${hold.worker} (owner ${hold.owner.slice(0, 8)}, ${kind}${via}, ${hold.path}${lease}, token ${hold.token})`;
+  const call = hold.call ? ` ${hold.call}` : '';
+  const extra = [
+    hold.lockAtLeastFor ? `lockAtLeastFor ${hold.lockAtLeastFor}` : '',
+    hold.syncMs ? `${hold.syncMs.toFixed(0)} ms sync work` : '',
+    hold.forcedAt === undefined ? '' : `force-unlocked from ${fmt(hold.forcedAt)}`,
+  ].filter(Boolean);
+  return (
+    `worker ${hold.worker} (owner ${hold.owner.slice(0, 8)}, ${kind}${via}, ${hold.path}${call}${lease}, ` +
+    `token ${hold.token}${extra.length > 0 ? `, ${extra.join(', ')}` : ''})`
+  );
+}
+
+/**
+ * Which holds an operator's forceUnlock may have removed, and since when (see the header): a hold
+ * it returned whose token is below Redis's clock read just before it ran; for a call whose outcome
+ * is unknown, any hold taken before Redis's clock was read again after it (every hold, if never).
+ */
+function judge(holds: readonly HoldRecord[], events: readonly HistoryEvent[]): Judged[] {
+  const calls = new Map<string, ForceUnlockRecord[]>();
+  for (const e of events) {
+    if (e.kind !== 'force-unlock') continue;
+    const list = calls.get(e.name);
+    if (list) list.push(e);
+    else calls.set(e.name, [e]);
+  }
+  if (calls.size === 0) return [...holds];
+  return holds.map((hold) => {
+    let forcedAt: number | undefined;
+    let goneBy: number | undefined;
+    for (const call of calls.get(hold.name) ?? []) {
+      if (call.calledAt > hold.end) continue;
+      const removed =
+        call.removed !== undefined
+          ? call.removed.includes(hold.owner) && (call.before === undefined || hold.token < call.before)
+          : call.until === undefined || hold.token < call.until;
+      if (!removed) continue;
+      forcedAt = Math.min(forcedAt ?? Infinity, call.calledAt);
+      if (call.removed !== undefined) goneBy = Math.min(goneBy ?? Infinity, call.at);
+    }
+    return forcedAt === undefined ? hold : { ...hold, forcedAt, goneBy };
+  });
 }
 
 export function checkHistory(
@@ -247,7 +522,10 @@ export function checkHistory(
   options: CheckOptions,
 ): Violation[] {
   const violations: Violation[] = [];
-  const holds = events.filter((e): e is HoldRecord => e.kind === 'hold');
+  const holds = judge(
+    events.filter((e): e is HoldRecord => e.kind === 'hold'),
+    events,
+  );
   for (const e of events) {
     if (e.kind === 'error') violations.push({ rule: 'error', text: `worker ${e.worker}: ${e.error}` });
   }
@@ -257,19 +535,13 @@ export function checkHistory(
       mode === 'permit' ? permits === undefined || !Number.isInteger(permits) || permits < 1 : permits !== undefined;
     if (bad) violations.push({ rule: 'error', text: `malformed record: ${describe(hold)} on "${hold.name}"` });
   }
-  const byName = new Map<string, HoldRecord[]>();
+  const byName = new Map<string, Judged[]>();
   for (const hold of holds) {
     const list = byName.get(hold.name);
     if (list) list.push(hold);
     else byName.set(hold.name, [hold]);
   }
-  const pauses = events.filter((e): e is PauseRecord => e.kind === 'pause');
-  const paused: Paused = (worker, from, to) =>
-    pauses.reduce(
-      (sum, p) =>
-        p.worker === worker || p.worker === -1 ? sum + Math.max(0, Math.min(p.to, to) - Math.max(p.from, from)) : sum,
-      0,
-    );
+  const paused = pausedIn(events.filter((e): e is PauseRecord => e.kind === 'pause'));
   for (const list of byName.values()) {
     list.sort((a, b) => a.start - b.start);
     checkHolders(list, paused, violations);
@@ -277,15 +549,16 @@ export function checkHistory(
     checkRefusedWrites(list, paused, violations);
   }
   checkWakeUps(events, holds, faults, paused, options, violations);
+  checkHeldByNobody(events, holds, faults, paused, options, violations);
   return violations;
 }
 
 /** Rule 1, for the holds of one name in `start` order. */
-function checkHolders(list: readonly HoldRecord[], paused: Paused, violations: Violation[]): void {
-  const active: HoldRecord[] = [];
+function checkHolders(list: readonly Judged[], paused: Paused, violations: Violation[]): void {
+  const active: Judged[] = [];
   const reported = new Set<string>();
   // Each owner's first record: its acquisition (a re-entry takes nothing new, see `tooManyPermits`).
-  const first = new Map<string, HoldRecord>();
+  const first = new Map<string, Judged>();
   for (const hold of list) if (!first.has(hold.owner)) first.set(hold.owner, hold);
   for (const later of list) {
     for (let i = active.length - 1; i >= 0; i -= 1) if (active[i].end <= later.start) active.splice(i, 1);
@@ -294,7 +567,7 @@ function checkHolders(list: readonly HoldRecord[], paused: Paused, violations: V
     // waited for is handed out that way, its signal already aborted).
     if (toldBy(later, later.start, paused)) continue;
     // The other owners inside that still count, one record each (a re-entry is its outer's hold).
-    const inside = new Map<string, HoldRecord>();
+    const inside = new Map<string, Judged>();
     for (const earlier of active) {
       if (earlier.owner === later.owner || inside.has(earlier.owner)) continue;
       if (!toldBy(earlier, later.start, paused)) inside.set(earlier.owner, earlier);
@@ -342,7 +615,7 @@ function checkHolders(list: readonly HoldRecord[], paused: Paused, violations: V
  * (with later among them), without and with the readers. Each member is its owner's first record,
  * the one that acquired: the crowd is judged when its last member got in, not at a re-entry.
  */
-function tooManyPermits(later: HoldRecord, others: readonly HoldRecord[]): HoldRecord[] | undefined {
+function tooManyPermits(later: Judged, others: readonly Judged[]): Judged[] | undefined {
   const shared = others.filter((h) => modeOf(h) !== 'exclusive');
   const own = later.permits ?? 1;
   const bounds = [...new Set(shared.map((h) => h.permits ?? 0))].filter((b) => b >= own);
@@ -361,8 +634,8 @@ function tooManyPermits(later: HoldRecord, others: readonly HoldRecord[]): HoldR
 }
 
 /** `prefix[i]`: the hold with the largest token among `holds[0..i-1]` (undefined for none). */
-function maxTokens(holds: readonly HoldRecord[]): (HoldRecord | undefined)[] {
-  const prefix: (HoldRecord | undefined)[] = [undefined];
+function maxTokens(holds: readonly Judged[]): (Judged | undefined)[] {
+  const prefix: (Judged | undefined)[] = [undefined];
   for (let i = 0; i < holds.length; i += 1) {
     const best = prefix[i];
     prefix.push(best && best.token >= holds[i].token ? best : holds[i]);
@@ -371,7 +644,7 @@ function maxTokens(holds: readonly HoldRecord[]): (HoldRecord | undefined)[] {
 }
 
 /** How many of `sorted` (ascending `start`) started before `at`. */
-function startedBefore(sorted: readonly HoldRecord[], at: number): number {
+function startedBefore(sorted: readonly Judged[], at: number): number {
   let lo = 0;
   let hi = sorted.length;
   while (lo < hi) {
@@ -383,10 +656,10 @@ function startedBefore(sorted: readonly HoldRecord[], at: number): number {
 }
 
 /** Rule 2's token order, for the holds of one name in `start` order. */
-function checkTokens(list: readonly HoldRecord[], paused: Paused, violations: Violation[]): void {
+function checkTokens(list: readonly Judged[], paused: Paused, violations: Violation[]): void {
   // The first hold of each owner (its outer hold; re-entries share its token), in start order.
   const seen = new Set<string>();
-  const firsts: HoldRecord[] = [];
+  const firsts: Judged[] = [];
   for (const hold of list) {
     if (hold.path === 'none' || seen.has(hold.owner)) continue;
     seen.add(hold.owner);
@@ -406,7 +679,7 @@ function checkTokens(list: readonly HoldRecord[], paused: Paused, violations: Vi
           : bestExclusive[startedBefore(exclusives, hold.start)],
       );
     }
-    const before = candidates.reduce<HoldRecord | undefined>(
+    const before = candidates.reduce<Judged | undefined>(
       (top, h) => (h && (!top || h.token > top.token) ? h : top),
       undefined,
     );
@@ -423,9 +696,11 @@ function checkTokens(list: readonly HoldRecord[], paused: Paused, violations: Vi
 }
 
 /** Rule 2's refused writes, for the holds of one name. */
-function checkRefusedWrites(list: readonly HoldRecord[], paused: Paused, violations: Violation[]): void {
+function checkRefusedWrites(list: readonly Judged[], paused: Paused, violations: Violation[]): void {
   for (const hold of list) {
     if (hold.write !== 'refused' || hold.toldBeforeWrite || toldBy(hold, hold.start, paused)) continue;
+    // An operator removed it: the holder it was handed on to may have written first.
+    if (hold.forcedAt !== undefined && hold.forcedAt < hold.end) continue;
     if (modeOf(hold) === 'exclusive') {
       violations.push({
         rule: 'fencing',
@@ -453,9 +728,20 @@ interface Wait {
   readonly until: number;
 }
 
+/**
+ * What places left at the front of a line by waiters that are gone may cost a live waiter behind
+ * them: the first a grant's lease (the store's GRANT_MS, after which the second in line looks),
+ * each further one up to the next attempt of a live waiter (lineRefreshMs, 1 s). README: "A dead
+ * head costs a quarter of a second", "two dead waiters at the front 1.26 s".
+ */
+const deadPlacesCost = (count: number): number => (count === 0 ? 0 : 250 + (count - 1) * 1_000);
+
+/** How long after a call of unknown outcome failed the wake-up rule lets its hold stand in Redis (a watchdog lease). */
+const UNKNOWN_HOLD_MS = 300;
+
 function checkWakeUps(
   events: readonly HistoryEvent[],
-  holds: readonly HoldRecord[],
+  holds: readonly Judged[],
   faults: readonly FaultRecord[],
   stalled: Paused,
   options: CheckOptions,
@@ -471,7 +757,7 @@ function checkWakeUps(
       waits.push({ worker, name, mode: modeOf(e), permits, from: e.waitedFrom, until: e.at });
     }
   }
-  const holdOf = new Map<string, HoldRecord>();
+  const holdOf = new Map<string, Judged>();
   for (const h of holds) if (!holdOf.has(h.owner)) holdOf.set(h.owner, h);
   const workers = [...new Set(holds.map((h) => h.worker))];
   const releasedAt = new Map<string, number>();
@@ -482,16 +768,22 @@ function checkWakeUps(
     const r = release.at;
     // A re-entry of the same owner still running keeps the lock: this release freed nothing yet.
     if (holds.some((h) => h.owner === release.owner && h.end > r)) continue;
+    const released = holdOf.get(release.owner);
+    // Within its lockAtLeastFor a release leaves the key to expire, which nothing announces; a
+    // hold an operator removed was not freed by its release.
+    if (released?.lockAtLeastFor && r < released.start + released.lockAtLeastFor + SETTLE_MS) continue;
+    if (released?.forcedAt !== undefined) continue;
     const end = r + WAKE_MARGIN_MS;
     // Someone may have taken the lock within the margin: a call under way then that got it first
     // (its acquisition reached Redis before its handle came back), or one whose outcome is unknown.
     const takers = holds.filter((h) => h.name === release.name && h.start >= r - 1 && h.calledAt <= end);
-    const unknown = events.some((e) => e.kind === 'unknown' && e.name === release.name && e.from <= end && e.to >= r);
+    const unknown = events.some(
+      (e) => e.kind === 'unknown' && e.name === release.name && e.from <= end && e.to + UNKNOWN_HOLD_MS >= r,
+    );
     if (unknown) continue;
     // A shared hold's release leaves the holds still in, and those whose release may still be
     // under way (ended their work just before; a recorded release is over).
-    const released = holdOf.get(release.owner);
-    const remaining = new Map<string, HoldRecord>();
+    const remaining = new Map<string, Judged>();
     if (released && modeOf(released) !== 'exclusive') {
       for (const h of holds) {
         if (h.name !== release.name || h.owner === release.owner || h.start >= r - 1) continue;
@@ -528,12 +820,28 @@ function checkWakeUps(
         wait.mode === 'permit'
           ? Math.max(...workers.map((w) => (w === wait.worker ? 0 : stalled(w, r, wait.until))))
           : 0;
+      // A waiting call whose attempt failed may have left its place ahead of this one: see
+      // deadPlacesCost.
+      const deadAhead = events.filter(
+        (e) =>
+          e.kind === 'unknown' &&
+          e.name === wait.name &&
+          e.waits === true &&
+          e.cause !== 'multi' &&
+          e.cause !== 'cancelled' &&
+          e.from < wait.from &&
+          e.to <= wait.until &&
+          e.to + PLACE_LAPSE_MS >= r,
+      ).length;
       const excused =
-        stalled(wait.worker, r, wait.until) + stalled(release.worker, r - WAKE_MARGIN_MS, wait.until) + ahead;
+        stalled(wait.worker, r, wait.until) +
+        stalled(release.worker, r - WAKE_MARGIN_MS, wait.until) +
+        ahead +
+        deadPlacesCost(deadAhead);
       if (late - excused <= WAKE_MARGIN_MS) continue;
       const next = holds
         .filter((h) => h.name === release.name && h.start > r)
-        .reduce<HoldRecord | undefined>((first, h) => (first && first.start <= h.start ? first : h), undefined);
+        .reduce<Judged | undefined>((first, h) => (first && first.start <= h.start ? first : h), undefined);
       const kind = wait.mode === 'permit' ? `a permit of ${wait.permits}` : wait.mode;
       violations.push({
         rule: 'lost-wake-up',
@@ -548,10 +856,331 @@ function checkWakeUps(
   }
 }
 
+/**
+ * A window of rule 4. `held`: some call may have held the lock in Redis then (a hold from its
+ * acquisition to its release, a call of unknown outcome until it was surely given back, an attempt
+ * answered too late to be handed out and given back). Otherwise a place in the line: a live
+ * waiter's (`since` it began waiting), or one left by a waiter that is gone (`dead`), which keeps
+ * newcomers out until it lapses.
+ */
+interface Window {
+  readonly from: number;
+  readonly to: number;
+  readonly held: boolean;
+  readonly dead?: boolean;
+  readonly since?: number;
+  /** Whose window it is: a hold's owner, or the record of a call. */
+  readonly of: string | HistoryEvent;
+  readonly what: string;
+}
+
+/** The windows of one name, sorted by `from`, with the furthest `to` reached by each prefix. */
+class Windows {
+  readonly list: Window[];
+  private readonly reach: number[] = [];
+
+  constructor(list: Window[]) {
+    this.list = list.sort((a, b) => a.from - b.from);
+    this.list.forEach((w, i) => this.reach.push(Math.max(w.to, i > 0 ? this.reach[i - 1] : -Infinity)));
+  }
+
+  /** The furthest end of the windows that began by `at` (-Infinity: none). */
+  reachBy(at: number): number {
+    let lo = 0;
+    let hi = this.list.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (this.list[mid].from <= at) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo > 0 ? this.reach[lo - 1] : -Infinity;
+  }
+
+  /** Whether a window is open at some point of [from, to]. */
+  open(from: number, to: number): boolean {
+    return this.reachBy(to) >= from;
+  }
+
+  /** The window that reached furthest among those that began by `at`, for messages. */
+  lastBy(at: number): Window | undefined {
+    return this.list
+      .filter((w) => w.from <= at)
+      .reduce<Window | undefined>((a, w) => (a && a.to >= w.to ? a : w), undefined);
+  }
+}
+
+/** A waiting call, for rule 4: from its call to when it got the lock or gave up. */
+interface Waiting {
+  readonly worker: number;
+  readonly name: string;
+  readonly from: number;
+  readonly until: number;
+  readonly of: string | HistoryEvent;
+  readonly multi: boolean;
+}
+
+/** How far a hold's acquisition, read from its token on Redis's clock, may be off this machine's clock. */
+const CLOCK_SLACK_MS = 25;
+/** A pause at least this long may have answered an attempt after its lease (250 ms at the least) ran out. */
+const LATE_PAUSE_MS = 150;
+
+/** Rule 4: a lock refused, or waited for, while nothing any record explains held it (see the header). */
+function checkHeldByNobody(
+  events: readonly HistoryEvent[],
+  holds: readonly Judged[],
+  faults: readonly FaultRecord[],
+  stalled: Paused,
+  options: CheckOptions,
+  violations: Violation[],
+): void {
+  const opT = options.operationTimeoutMs;
+  /** The longest a first attempt can take to fail: the timeout at hand, as late as the store's sweep notices it. */
+  const firstAttemptMs = Math.min(opT, options.commandTimeoutMs ?? Infinity) * 1.1 + SETTLE_MS;
+  const faultsOf = new Map<number, FaultRecord[]>();
+  for (const f of faults) faultsOf.set(f.worker, [...(faultsOf.get(f.worker) ?? []), f]);
+  const pausesOf = new Map<number, PauseRecord[]>();
+  for (const e of events) if (e.kind === 'pause') pausesOf.set(e.worker, [...(pausesOf.get(e.worker) ?? []), e]);
+  const workers = [...new Set(holds.map((h) => h.worker))];
+  /** Whether a fault hit `worker`'s connection within [from, to]. */
+  const touched = (worker: number, from: number, to: number): boolean =>
+    (faultsOf.get(worker) ?? []).some((f) => f.from <= to && f.to >= from);
+  /** When what `worker` sent by `at` has surely reached Redis: after the faults under way then are over. */
+  const recovered = (worker: number, at: number): number => {
+    let t = at;
+    for (let moved = true; moved;) {
+      moved = false;
+      for (const f of faultsOf.get(worker) ?? []) {
+        const reach = f.to + RECOVER_MS;
+        if (f.from <= t && reach > t) {
+          t = reach;
+          moved = true;
+        }
+      }
+    }
+    return t;
+  };
+  /** What `worker` sends as a call returns at `at` has reached Redis by then (its stalls and the proxies' count). */
+  const settled = (worker: number, at: number): number =>
+    at + SETTLE_MS + stalled(worker, at, at + SETTLE_MS + RECOVER_MS);
+  /**
+   * Whether what `worker` sent within [from, to] may never have reached Redis: ioredis sends a
+   * command again after its connection closed, but not an auto-pipelined one, nor (conservatively)
+   * a Cluster's; so only there, and only when a fault closed a connection. A release (or a give-back)
+   * lost so leaves the key to its lease.
+   */
+  const aborted = (worker: number, from: number, to: number): boolean =>
+    options.abortsOnReset === true &&
+    (faultsOf.get(worker) ?? []).some((f) => f.closes !== false && f.from <= to && f.to >= from - opT);
+  /** The longest any process stood still within [from, to]. */
+  const anyStalled = (from: number, to: number): number => Math.max(0, ...workers.map((w) => stalled(w, from, to)));
+  /** When a hold was taken in Redis, as its token says (Redis's clock in µs), or at the latest its call. */
+  const offset = options.redisClockOffsetMs;
+  // A multi-lock's part counts from its call: a round that found a later part busy held the earlier
+  // ones meanwhile, gave them back and took them again (with new tokens).
+  const acquiredAt = (h: Judged): number =>
+    offset === undefined || h.op === 'multi'
+      ? h.calledAt
+      : Math.min(h.start, Math.max(h.calledAt, h.token / 1_000 - offset - CLOCK_SLACK_MS));
+
+  const byName = new Map<string, Window[]>();
+  const add = (name: string, w: Window): void => void (byName.get(name) ?? byName.set(name, []).get(name))?.push(w);
+  const freedAt = new Map<string, number>();
+  for (const e of events) {
+    if (e.kind === 'freed' || e.kind === 'release') freedAt.set(e.owner, Math.min(e.at, freedAt.get(e.owner) ?? e.at));
+  }
+  // Holds, from their acquisition to the release that freed them. Every hold is released (or,
+  // within its lockAtLeastFor, has its lease cut to the minimum) as its work ends, lost or not, and
+  // nothing sent before that on the connection can re-create the key after it: so, without a fault
+  // near, just after its work; with one, the release may have failed, and the key lasts up to a
+  // lease after what was sent last reached Redis.
+  const byOwner = new Map<string, Judged[]>();
+  for (const h of holds) byOwner.set(h.owner, [...(byOwner.get(h.owner) ?? []), h]);
+  for (const [owner, list] of byOwner) {
+    const first = list[0];
+    const from = Math.min(...list.map(acquiredAt));
+    const start = Math.min(...list.map((h) => h.start));
+    const end = Math.max(...list.map((h) => h.end));
+    const minimum = first.lockAtLeastFor ?? 0;
+    const freed = freedAt.get(owner);
+    const gone = list.find((h) => h.goneBy !== undefined)?.goneBy;
+    const released = settled(first.worker, end);
+    let to: number;
+    if (freed !== undefined) to = freed;
+    else if (gone !== undefined) to = gone;
+    else {
+      to = recovered(first.worker, released);
+      if (aborted(first.worker, end, to)) to += first.leaseMs ?? DEFAULT_LEASE_MS;
+    }
+    if (minimum > 0) to = Math.max(to, start + minimum + SETTLE_MS);
+    add(first.name, { from, to, held: true, of: owner, what: `the hold of ${describe(first)}` });
+  }
+  // Waiters: their place in the line, until just after they got the lock or gave up; and what an
+  // attempt of theirs answered after its lease (their process stood still, or a fault delayed it)
+  // held until it was given back.
+  const waits: Waiting[] = [];
+  for (const e of events) {
+    if (e.kind === 'hold' && e.waitedFrom !== undefined && !e.nested) {
+      const multi = e.op === 'multi';
+      waits.push({ worker: e.worker, name: e.name, from: e.waitedFrom, until: e.start, of: e.owner, multi });
+    } else if (e.kind === 'give-up') {
+      waits.push({ worker: e.worker, name: e.name, from: e.waitedFrom, until: e.at, of: e, multi: false });
+    }
+  }
+  for (const w of waits) {
+    const to = recovered(w.worker, settled(w.worker, w.until));
+    const what = `the place of worker ${w.worker}'s wait from ${fmt(w.from)}`;
+    add(w.name, { from: w.from, to, held: false, since: w.from, of: w.of, what });
+    if (aborted(w.worker, w.until, to)) {
+      // Its leave may have been dropped with its connection: the place lapses by itself.
+      add(w.name, {
+        from: to,
+        to: to + PLACE_LAPSE_MS,
+        held: false,
+        dead: true,
+        since: w.from,
+        of: w.of,
+        what: `${what}, left behind`,
+      });
+    }
+    const late = `an attempt of worker ${w.worker}'s wait from ${fmt(w.from)}, answered late`;
+    for (const p of [...(pausesOf.get(w.worker) ?? []), ...(pausesOf.get(-1) ?? [])]) {
+      if (p.to - p.from < LATE_PAUSE_MS || p.to < w.from || p.from > w.until) continue;
+      add(w.name, { from: p.from - SETTLE_MS, to: settled(w.worker, p.to), held: true, of: w.of, what: late });
+    }
+    // An attempt caught by a fault was sent just before it bit (a reply answers within a round trip
+    // otherwise): it held the lock from then until its give-back reached Redis.
+    for (const f of faultsOf.get(w.worker) ?? []) {
+      if (f.to < w.from || f.from > w.until) continue;
+      add(w.name, {
+        from: f.from - SETTLE_MS,
+        to: recovered(w.worker, settled(w.worker, f.to)),
+        held: true,
+        of: w.of,
+        what: late,
+      });
+    }
+  }
+  for (const e of events) {
+    if (e.kind === 'unknown') {
+      // Given back at once (an attempt on its way when it was cancelled, once it lands: within the
+      // operationTimeout near a fault). A waiting call whose attempt failed leaves the place that
+      // attempt may have taken to lapse; one that gave up or was cancelled leaves the line.
+      const landed = e.cause === 'cancelled' && touched(e.worker, e.from - opT, e.to + opT) ? opT : 0;
+      let to = recovered(e.worker, settled(e.worker, e.to) + landed);
+      if (aborted(e.worker, e.from, to)) to += e.leaseMs ?? DEFAULT_LEASE_MS;
+      const asked = e.mode === 'permit' ? `permit of ${e.permits}` : (e.mode ?? '');
+      const what = `worker ${e.worker}'s ${asked} call of unknown outcome (${e.cause ?? '?'})`;
+      add(e.name, { from: e.from, to, held: true, of: e, what });
+      // Only a first attempt that failed leaves its place behind (the wait after a refused one leaves
+      // the line as it ends, queued behind the failed attempt); it failed within the timeout at hand.
+      const failed = e.cause !== 'multi' && e.cause !== 'cancelled';
+      const firstAttempt = e.multi || e.to - e.from <= firstAttemptMs + stalled(e.worker, e.from, e.to);
+      if (e.waits && failed && firstAttempt)
+        add(e.name, {
+          from: to,
+          to: to + PLACE_LAPSE_MS,
+          held: false,
+          dead: true,
+          since: e.from,
+          of: e,
+          what: `the place left by ${what}`,
+        });
+    } else if (e.kind === 'busy' && e.at - e.calledAt > SLOW_REFUSAL_MS) {
+      add(e.name, {
+        from: e.calledAt,
+        to: settled(e.worker, e.at),
+        held: true,
+        of: e,
+        what: `worker ${e.worker}'s slow refusal`,
+      });
+    }
+  }
+  const heldOf = new Map<string, Windows>();
+  const lineOf = new Map<string, Windows>();
+  for (const [name, list] of byName) {
+    heldOf.set(name, new Windows(list.filter((w) => w.held)));
+    lineOf.set(name, new Windows(list.filter((w) => !w.held)));
+  }
+  const none = new Windows([]);
+  const lastHeld = (name: string, at: number): string => {
+    const w = (heldOf.get(name) ?? none).lastBy(at);
+    return w ? `; the last that may have held it: ${w.what}, ${fmt(w.from)}–${fmt(w.to)}` : '; nothing held it before';
+  };
+
+  // a. A call that did not wait, refused while nothing may have held the lock, and no waiter stood
+  // in its line (a live waiter only just after a hold ended: it takes a lock left free within LINE_GAP_MS).
+  const until = options.stoppedAt ?? Infinity;
+  for (const e of events) {
+    if (e.kind !== 'busy' || e.at - e.calledAt > SLOW_REFUSAL_MS || e.at > until) continue;
+    const held = heldOf.get(e.name) ?? none;
+    if (held.open(e.calledAt, e.at)) continue;
+    const line = lineOf.get(e.name) ?? none;
+    const lastEnd = held.reachBy(e.at);
+    const free = e.calledAt - lastEnd - anyStalled(lastEnd, e.at);
+    const inLine = line.list.some(
+      (w) => w.from <= e.at && w.to >= e.calledAt && (w.dead === true || free <= LINE_GAP_MS),
+    );
+    if (inLine) continue;
+    const kind = e.mode === 'permit' ? `a permit of ${e.permits}` : modeOf(e);
+    violations.push({
+      rule: 'held-by-nobody',
+      text:
+        `"${e.name}": worker ${e.worker}'s call (${kind}, no wait) at ${fmt(e.calledAt)}–${fmt(e.at)} found it busy, ` +
+        `while no record explains a holder` +
+        (Number.isFinite(free) ? ` for ${fmt(free)} ms (more the stalls)` : '') +
+        ` nor a waiter in its line` +
+        lastHeld(e.name, e.at),
+    });
+  }
+
+  // b. A waiter through a long stretch in which nothing may have held the lock and no waiter was
+  // ahead of it (the places of waiters that are gone do not keep a live one out for long: a dead
+  // head's grant lapses in 250 ms, and the second in line looks then; finding 9 of issue 20 is a
+  // dead shared head that did for seconds).
+  for (const w of waits) {
+    if (w.multi) continue; // a multi-lock takes its parts one after the other
+    const others = (byName.get(w.name) ?? []).filter(
+      (c) =>
+        c.of !== w.of &&
+        (c.held || (c.dead !== true && (c.since ?? Infinity) < w.from)) &&
+        c.from < w.until &&
+        c.to > w.from,
+    );
+    others.sort((a, b) => a.from - b.from);
+    let at = w.from;
+    const gaps: [number, number][] = [];
+    for (const c of others) {
+      if (c.from > at) gaps.push([at, Math.min(c.from, w.until)]);
+      at = Math.max(at, c.to);
+      if (at >= w.until) break;
+    }
+    if (at < w.until) gaps.push([at, w.until]);
+    // Once the run stopped, processes shut down and what they still had queued may never be sent.
+    for (const gap of gaps) gap[1] = Math.min(gap[1], until);
+    // Places left ahead of it by waiters that are gone: each costs it a grant's lease and, when the
+    // second in line is gone too, up to the next attempt of a live waiter (README: two dead waiters
+    // at the front, 1.26 s), until it lapses by itself.
+    const dead = (byName.get(w.name) ?? []).filter((c) => c.dead === true && (c.since ?? Infinity) < w.from);
+    for (const [x, y] of gaps) {
+      const deadAhead = dead.filter((c) => c.from < y && c.to > x).length;
+      if (y - x - stalled(w.worker, x, y) <= LINE_GAP_MS + deadPlacesCost(deadAhead)) continue;
+      violations.push({
+        rule: 'held-by-nobody',
+        text:
+          `"${w.name}": worker ${w.worker}, waiting since ${fmt(w.from)} (until ${fmt(w.until)}), ` +
+          `did not get it in ${fmt(y - x)} ms (${fmt(x)}–${fmt(y)}, ${fmt(stalled(w.worker, x, y))} ms of it stalled) ` +
+          `while no record explains a holder or a waiter ahead of it` +
+          lastHeld(w.name, x),
+      });
+      break;
+    }
+  }
+}
+
 /** Whether no fault, in any process, came near a release at `r` (see the wake-up rule). */
 function quiet(faults: readonly FaultRecord[], r: number, options: CheckOptions): boolean {
   const from = r - options.operationTimeoutMs;
-  return !faults.some((f) => f.from <= r + WAKE_MARGIN_MS && f.to + options.operationTimeoutMs >= from);
+  return !faults.some((f) => !f.operator && f.from <= r + WAKE_MARGIN_MS && f.to + options.operationTimeoutMs >= from);
 }
 
 /** Releases the wake-up rule judges: those no fault came near. */
@@ -588,10 +1217,64 @@ export function sharing(events: readonly HistoryEvent[]): Sharing {
   return { readers, fullSemaphores };
 }
 
+/** What a run drew and did beyond holds, counted (to show that its draws happened). */
+export interface Draws {
+  readonly forceUnlocks: number;
+  /** forceUnlock calls that failed (their outcome unknown). */
+  readonly forceUnlocksUnknown: number;
+  /** Holds a forceUnlock returned as removed. */
+  readonly forcedHolds: number;
+  readonly cancelledObservables: number;
+  /** Calls rejected by ioredis's own commandTimeout ("Command timed out"). */
+  readonly commandTimeouts: number;
+  readonly syncWorkHolds: number;
+  readonly longestSyncMs: number;
+  readonly lockAtLeastForHolds: number;
+  readonly longLeaseHolds: number;
+  /** Calls that did not wait and found the lock busy. */
+  readonly busy: number;
+  /** Outer holds by the public call that took them. */
+  readonly calls: Readonly<Record<string, number>>;
+}
+
+export function draws(events: readonly HistoryEvent[]): Draws {
+  const holds = events.filter((e): e is HoldRecord => e.kind === 'hold');
+  const forced = events.filter((e): e is ForceUnlockRecord => e.kind === 'force-unlock');
+  const unknown = events.filter((e): e is UnknownRecord => e.kind === 'unknown');
+  const calls: Record<string, number> = {};
+  for (const h of holds) if (!h.nested && h.call) calls[h.call] = (calls[h.call] ?? 0) + 1;
+  const synced = holds.filter((h) => (h.syncMs ?? 0) > 0);
+  return {
+    forceUnlocks: forced.length,
+    forceUnlocksUnknown: forced.filter((f) => f.removed === undefined).length,
+    forcedHolds: forced.reduce((sum, f) => sum + (f.removed?.length ?? 0), 0),
+    cancelledObservables: unknown.filter((u) => u.cause === 'cancelled').length,
+    commandTimeouts: unknown.filter((u) => u.cause === 'command-timeout').length,
+    syncWorkHolds: synced.length,
+    longestSyncMs: Math.max(0, ...synced.map((h) => h.syncMs ?? 0)),
+    lockAtLeastForHolds: holds.filter((h) => !h.nested && (h.lockAtLeastFor ?? 0) > 0).length,
+    longLeaseHolds: holds.filter((h) => !h.nested && !pauseCanEnd(h)).length,
+    busy: events.filter((e) => e.kind === 'busy').length,
+    calls,
+  };
+}
+
 /** A one-line summary of a run, for logs. */
 export function summarize(events: readonly HistoryEvent[], faults: readonly FaultRecord[]): string {
   const holds = events.filter((e): e is HoldRecord => e.kind === 'hold');
   const count = (predicate: (h: HoldRecord) => boolean): number => holds.filter(predicate).length;
+  const drawn = draws(events);
+  const wide =
+    Object.keys(drawn.calls).length > 0
+      ? `; calls [${Object.entries(drawn.calls)
+          .map(([call, n]) => `${call} ${n}`)
+          .join(', ')}], ${drawn.busy} refused without waiting, ` +
+        `${drawn.forceUnlocks} forceUnlocks (${drawn.forcedHolds} holds removed, ${drawn.forceUnlocksUnknown} unknown), ` +
+        `${drawn.cancelledObservables} Observables unsubscribed before their lock, ` +
+        `${drawn.commandTimeouts} ioredis command timeouts, ` +
+        `${drawn.syncWorkHolds} holds began with sync work (up to ${drawn.longestSyncMs.toFixed(0)} ms), ` +
+        `${drawn.lockAtLeastForHolds} with lockAtLeastFor, ${drawn.longLeaseHolds} on a long watchdog lease`
+      : '';
   const kinds = new Map<string, number>();
   for (const f of faults) kinds.set(f.kind, (kinds.get(f.kind) ?? 0) + 1);
   const ops = new Map<string, number>();
@@ -612,7 +1295,7 @@ export function summarize(events: readonly HistoryEvent[], faults: readonly Faul
       : '';
   return (
     `${holds.length} holds (${count((h) => h.nested)} nested, ${count((h) => h.lostAt !== undefined)} lost, ` +
-    `${count((h) => h.waitedFrom !== undefined)} after waiting)${family}, ` +
+    `${count((h) => h.waitedFrom !== undefined)} after waiting)${family}${wide}, ` +
     `${events.filter((e) => e.kind === 'give-up').length} waits ran out, ` +
     `${events.filter((e) => e.kind === 'unknown').length} outcomes unknown, ` +
     `${events.filter((e) => e.kind === 'release').length} releases, ` +

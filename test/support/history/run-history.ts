@@ -1,23 +1,40 @@
 /**
- * One randomized run: a lock Redis and a fence Redis (both test-owned), one fault proxy and one
- * history worker (a Nest app, see ../workers/history.worker.ts, or with `family` the lock-family
- * worker ./family.worker.ts) per process, and a scheduler that injects a random fault into a random
- * worker's connection every 100-400 ms. Everything the run chooses comes from `seed`, so a failing
- * seed replays the same schedule of faults and the same choices in the workers (the interleaving,
- * of course, differs run to run).
+ * One randomized run: the lock topology (one Redis, or a Cluster of 3 masters with a replica each)
+ * and a fence Redis (all test-owned), fault proxies for every worker process (one, or on a Cluster
+ * one per node, which the worker's Cluster client reaches through its `natMap`), the workers, an
+ * operator process that force-unlocks now and then, and a scheduler that injects a random fault
+ * into a random worker's connection every 100-400 ms.
+ *
+ * Everything the run chooses comes from `seed`: the client options users set (`operationTimeout`
+ * from 50 ms to 5 s, ioredis's `commandTimeout` sometimes, `enableAutoPipelining` on or off), how
+ * often a critical section begins with synchronous work, the faults, and the choices in the
+ * workers. So a failing seed replays the same schedule (the interleaving, of course, differs run to
+ * run). With HISTORY_DUMP set to a directory, each run writes there what the checker saw (events,
+ * faults, draws, violations) as JSON. The workers are the lock-family worker (./family.worker.ts: every kind of lock, every public
+ * way to take one), or with `plain` the plain worker (../workers/history.worker.ts: plain locks on
+ * the default client options), which the lockless control run uses.
  */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+import { keySlot } from '../../../lib/store/redis/fence-key';
 import { ACQUIRE_SHARED_SCRIPT } from '../../../lib/store/redis/scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from '../../../lib/store/redis/scripts/acquire.script';
 import { CHECK_SCRIPT } from '../../../lib/store/redis/scripts/check.script';
+import { FORCE_UNLOCK_SCRIPT } from '../../../lib/store/redis/scripts/force-unlock.script';
+import { LEAVE_SCRIPT } from '../../../lib/store/redis/scripts/leave.script';
 import type { LuaScript } from '../../../lib/store/redis/scripts/lua-script';
 import { RELEASE_SCRIPT } from '../../../lib/store/redis/scripts/release.script';
 import { RENEW_SCRIPT } from '../../../lib/store/redis/scripts/renew.script';
+import { RedisCluster } from '../cluster';
 import { type ConnectionKind, FaultProxy, isScript } from '../fault-proxy';
 import { RedisServer } from '../redis-server';
 import type { HistoryWorkerConfig } from '../workers/history.worker';
 import { type WorkerProcess, WorkerSet } from '../workers/worker-process';
 import type { FamilyWorkerConfig } from './family.worker';
+import type { HistoryClientConfig } from './history-client';
 import {
+  type CheckOptions,
   checkHistory,
   clock,
   type FaultRecord,
@@ -29,33 +46,53 @@ import {
   TICK_MS,
   type Violation,
 } from './history';
+import type { OperatorWorkerConfig } from './operator.worker';
+
+export type Topology = 'single' | 'cluster';
+
+/** The client options and workload a seed drew (see `drawFor`). */
+export interface RunDraws {
+  /** The module's `operationTimeout` for every process of the run (the checker's windows use it). */
+  readonly operationTimeout: number;
+  /** ioredis's own `commandTimeout`, when drawn. */
+  readonly commandTimeout?: number;
+  readonly autoPipelining: boolean;
+  /** Share of critical sections that begin with 0-400 ms of synchronous work. */
+  readonly syncShare: number;
+}
 
 export interface HistoryRunOptions {
   readonly seed: number;
   readonly workers?: number;
   /** How long the workers take locks, faults and all (start-up and shutdown come on top). */
   readonly durationMs: number;
-  /** How many lock names the workers share (3); in a family run, read-write locks beside its semaphore (2). */
+  /** One Redis (default) or a 3-master Cluster. */
+  readonly topology?: Topology;
+  /**
+   * How many lock names the workers share: the plain worker's names (3), or the family's read-write
+   * locks beside its semaphore (2 on one Redis, 5 on a Cluster: two names per master).
+   */
   readonly names?: number;
   /** Inject faults (default) or not. */
   readonly faults?: boolean;
-  /** The control run: the same work without any lock. The checker must then find overlaps. */
+  /** The plain worker (plain locks, the default client options) instead of the lock family. */
+  readonly plain?: boolean;
+  /** The control run (with `plain`): the same work without any lock. The checker must then find overlaps. */
   readonly lockless?: boolean;
-  /**
-   * The whole lock family (./family.worker.ts): read-write locks on `names` names, semaphores,
-   * plain locks and multi-locks, with faults on the shared acquisition script too. Not with
-   * `lockless`.
-   */
-  readonly family?: boolean;
+  /** An operator force-unlocks a held name every 0.3-1 s (default: yes, except with `plain`). */
+  readonly operator?: boolean;
   /** Inject no fault in the last this many ms of the run, so that the wake-up rule judges them all. */
   readonly calmTailMs?: number;
-  readonly operationTimeoutMs?: number;
+  /** Draws to use instead of the seed's (some or all). */
+  readonly draws?: Partial<RunDraws>;
   /** Copy the workers' output to stderr. */
   readonly echo?: boolean;
 }
 
 export interface HistoryRun {
   readonly seed: number;
+  readonly topology: Topology;
+  readonly draws: RunDraws;
   /** A family run's semaphores, with the permits the seed gave them. */
   readonly semaphores: readonly { readonly name: string; readonly permits: number }[];
   readonly events: HistoryEvent[];
@@ -64,6 +101,8 @@ export interface HistoryRun {
   readonly summary: string;
   /** Releases no fault came near: the ones the wake-up rule could judge. */
   readonly quietReleases: number;
+  /** What the checker was told besides the events (to check a forged history the same way). */
+  readonly check: CheckOptions;
 }
 
 /** Faults are injected for FAULTY_MS of every CYCLE_MS. */
@@ -71,49 +110,182 @@ const CYCLE_MS = 3_000;
 const FAULTY_MS = 2_000;
 
 const SCRIPTS: readonly LuaScript[] = [ACQUIRE_SCRIPT, CHECK_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT];
-const FAMILY_SCRIPTS: readonly LuaScript[] = [...SCRIPTS, ACQUIRE_SHARED_SCRIPT];
+const FAMILY_SCRIPTS: readonly LuaScript[] = [...SCRIPTS, ACQUIRE_SHARED_SCRIPT, LEAVE_SCRIPT];
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
 /**
- * The locks of a family run: `names` read-write locks, and one semaphore (2 or 3 permits, from
- * the seed; one, so that it is often full) that plain locks and multi-locks take too.
+ * What a seed draws for its clients and workload: `operationTimeout` mostly short (50-150 ms, where
+ * a delayed reply outlives it), sometimes medium or up to the 5 s default; ioredis's
+ * `commandTimeout` in a third of the seeds (50-500 ms, often below the operationTimeout: ioredis
+ * then rejects first); auto-pipelining in half; synchronous work in 5-25 % of critical sections.
  */
-function familyLocks(seed: number, names: number): Pick<FamilyWorkerConfig, 'rwNames' | 'semaphores'> {
+export function drawFor(seed: number): RunDraws {
+  const random = prng(seed ^ 0xd4a3);
+  const roll = random();
+  const operationTimeout = Math.round(
+    roll < 0.45 ? 50 + random() * 100 : roll < 0.75 ? 150 + random() * 850 : 1_000 + random() * 4_000,
+  );
+  const commandTimeout = random() < 0.35 ? Math.round(50 + random() * 450) : undefined;
+  const autoPipelining = random() < 0.5;
+  const syncShare = [0.05, 0.12, 0.25][Math.floor(random() * 3)];
+  return { operationTimeout, ...(commandTimeout === undefined ? {} : { commandTimeout }), autoPipelining, syncShare };
+}
+
+/** One line: what the run drew. */
+export function describeDraws(topology: Topology, draws: RunDraws): string {
+  return (
+    `topology ${topology}, operationTimeout ${draws.operationTimeout} ms, ` +
+    `commandTimeout ${draws.commandTimeout === undefined ? 'none' : `${draws.commandTimeout} ms`}, ` +
+    `auto-pipelining ${draws.autoPipelining ? 'on' : 'off'}, sync work in ${draws.syncShare * 100} % of sections`
+  );
+}
+
+/**
+ * The locks of a family run: `names` read-write locks, and one semaphore (2 or 3 permits, from
+ * the seed; one, so that it is often full) that plain locks and multi-locks take too. On a Cluster
+ * the names are picked so that each master serves the same number of them.
+ */
+async function familyLocks(
+  seed: number,
+  names: number,
+  prefix: string,
+  cluster: RedisCluster | undefined,
+): Promise<Pick<FamilyWorkerConfig, 'rwNames' | 'semaphores'>> {
   const random = prng(seed ^ 0x5e3a);
+  const permits = 2 + Math.floor(random() * 2);
+  if (!cluster) {
+    return {
+      rwNames: Array.from({ length: names }, (_, i) => `rw-${i}`),
+      semaphores: [{ name: 'sem-0', permits }],
+    };
+  }
+  const masters = await cluster.masters();
+  const perMaster = Math.ceil((names + 1) / masters.length);
+  const chosen = new Map<number, string[]>(masters.map((m) => [m.port, []]));
+  for (let i = 0; [...chosen.values()].some((list) => list.length < perMaster); i += 1) {
+    const name = `n-${i}`;
+    const slot = keySlot(prefix + name);
+    const owner = masters.find((m) => m.slots.some(([a, b]) => slot >= a && slot <= b));
+    const list = owner && chosen.get(owner.port);
+    if (list && list.length < perMaster) list.push(name);
+  }
+  const all = [...chosen.values()].flat();
+  return { rwNames: all.slice(0, names).map((n) => `rw-${n}`), semaphores: [{ name: `sem-${all[names]}`, permits }] };
+}
+
+/** One process's fault proxies: the one to a single Redis, or one per Cluster node. */
+interface ProxyGroup {
+  readonly proxies: FaultProxy[];
+  /** The proxies that carry lock commands (to the single Redis, or to the Cluster's masters). */
+  readonly masters: FaultProxy[];
+  readonly client: Omit<HistoryClientConfig, 'autoPipelining' | 'commandTimeout'>;
+}
+
+async function proxyGroup(server: RedisServer | undefined, cluster: RedisCluster | undefined): Promise<ProxyGroup> {
+  if (server) {
+    const proxy = await FaultProxy.start(server.port);
+    return { proxies: [proxy], masters: [proxy], client: { url: proxy.url } };
+  }
+  const masterPorts = (await (cluster as RedisCluster).masters()).map((m) => m.port);
+  const ports = [...masterPorts, ...(await (cluster as RedisCluster).replicas()).map((r) => r.port)];
+  const proxies = await Promise.all(ports.map((port) => FaultProxy.start(port)));
+  const natMap: Record<string, { host: string; port: number }> = {};
+  ports.forEach((port, i) => (natMap[`127.0.0.1:${port}`] = { host: '127.0.0.1', port: proxies[i].port }));
+  const masters = proxies.slice(0, masterPorts.length);
   return {
-    rwNames: Array.from({ length: names }, (_, i) => `rw-${i}`),
-    semaphores: [{ name: 'sem-0', permits: 2 + Math.floor(random() * 2) }],
+    proxies,
+    masters,
+    client: { cluster: { seeds: masters.map((p) => ({ host: '127.0.0.1', port: p.port })), natMap } },
   };
 }
 
+/**
+ * Redis's clock (ms) less `clock()` on this machine: the best of a few reads of TIME (the one with
+ * the shortest round trip), so that the checker can read when a hold was taken from its token.
+ */
+async function redisClockOffset(port: number): Promise<number> {
+  const client = new Redis({ port, host: '127.0.0.1', maxRetriesPerRequest: 1 });
+  client.on('error', () => undefined);
+  try {
+    let best = { rtt: Infinity, offset: 0 };
+    for (let i = 0; i < 7; i += 1) {
+      const sent = clock();
+      const [seconds, micros] = await client.time();
+      const answered = clock();
+      const redisMs = Number(seconds) * 1_000 + Number(micros) / 1_000;
+      if (answered - sent < best.rtt) best = { rtt: answered - sent, offset: redisMs - (sent + answered) / 2 };
+    }
+    return best.offset;
+  } finally {
+    client.disconnect();
+  }
+}
+
+/** Loads the force-unlock script on every node, so that the operator's first call is one EVALSHA, not two commands. */
+async function preload(ports: readonly number[]): Promise<void> {
+  await Promise.all(
+    ports.map(async (port) => {
+      const client = new Redis({ port, host: '127.0.0.1', maxRetriesPerRequest: 1 });
+      client.on('error', () => undefined);
+      try {
+        await client.script('LOAD', FORCE_UNLOCK_SCRIPT.source);
+      } finally {
+        client.disconnect();
+      }
+    }),
+  );
+}
+
 export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun> {
+  const topology = options.topology ?? 'single';
+  const plain = options.plain ?? false;
+  if (options.lockless && !plain) throw new Error('runHistory: the lockless control run is a plain one');
+  if (plain && topology === 'cluster') throw new Error('runHistory: the plain worker runs on one Redis');
+  const drawn = drawFor(options.seed);
+  const draws: RunDraws = plain
+    ? { operationTimeout: 400, autoPipelining: false, syncShare: 0, ...options.draws }
+    : { ...drawn, ...options.draws };
   const count = options.workers ?? 3;
-  const operationTimeout = options.operationTimeoutMs ?? 400;
+  const withOperator = options.operator ?? !plain;
   const random = prng(options.seed);
-  if (options.family && options.lockless) throw new Error('runHistory: a family run has no lockless control');
-  const locks = familyLocks(options.seed, options.names ?? 2);
-  const scripts = options.family ? FAMILY_SCRIPTS : SCRIPTS;
-  const lockServer = await RedisServer.start();
+  const prefix = `history:${options.seed}:`;
+  const scripts = plain ? SCRIPTS : FAMILY_SCRIPTS;
   const fenceServer = await RedisServer.start();
-  const proxies: FaultProxy[] = [];
+  let lockServer: RedisServer | undefined;
+  let cluster: RedisCluster | undefined;
+  const groups: ProxyGroup[] = [];
   const set = new WorkerSet();
   const events: HistoryEvent[] = [];
   const faults: FaultRecord[] = [];
+  let semaphores: FamilyWorkerConfig['semaphores'] = [];
+  let redisClockOffsetMs: number | undefined;
+  let stoppedAt: number | undefined;
   let ticker: NodeJS.Timeout | undefined;
   try {
-    for (let i = 0; i < count; i += 1) proxies.push(await FaultProxy.start(lockServer.port));
-    const workers = proxies.map((proxy, worker) => {
+    if (topology === 'cluster') cluster = await RedisCluster.start();
+    else lockServer = await RedisServer.start();
+    await preload(cluster ? (await cluster.topology()).map((node) => node.port) : [(lockServer as RedisServer).port]);
+    const locks = await familyLocks(options.seed, options.names ?? (cluster ? 5 : 2), prefix, cluster);
+    const clockPort = cluster ? (await cluster.masters())[0].port : (lockServer as RedisServer).port;
+    redisClockOffsetMs = await redisClockOffset(clockPort);
+    semaphores = plain ? [] : locks.semaphores;
+    for (let i = 0; i < count + (withOperator ? 1 : 0); i += 1) groups.push(await proxyGroup(lockServer, cluster));
+    const timeouts = draws.commandTimeout === undefined ? {} : { commandTimeout: draws.commandTimeout };
+    const workers = groups.slice(0, count).map((group, worker) => {
       const seed = (options.seed * 7_919 + worker * 104_729) >>> 0;
-      if (options.family) {
+      if (!plain) {
         const config: FamilyWorkerConfig = {
           worker,
-          redis: proxy.url,
+          client: { ...group.client, autoPipelining: draws.autoPipelining, ...timeouts },
           fence: fenceServer.url,
-          keyPrefix: `history:${options.seed}:`,
+          keyPrefix: prefix,
           ...locks,
           seed,
-          operationTimeout,
-          loops: 3,
+          operationTimeout: draws.operationTimeout,
+          // The density of issue 20's Cluster finding: several processes, a few names, 1 ms holds.
+          loops: cluster ? 6 : 3,
+          syncShare: draws.syncShare,
+          dense: cluster !== undefined,
           deadlineMs: options.durationMs + 120_000,
         };
         // WorkerSet resolves `<name>.worker.ts` next to ../workers/worker-process.ts.
@@ -121,19 +293,33 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
       }
       const config: HistoryWorkerConfig = {
         worker,
-        redis: proxy.url,
+        redis: group.client.url ?? '',
         fence: fenceServer.url,
-        keyPrefix: `history:${options.seed}:`,
+        keyPrefix: prefix,
         names: Array.from({ length: options.names ?? 3 }, (_, i) => `name-${i}`),
         seed,
-        operationTimeout,
+        operationTimeout: draws.operationTimeout,
         loops: 2,
         lockless: options.lockless ?? false,
         deadlineMs: options.durationMs + 120_000,
       };
       return set.start('history', config, { echo: options.echo });
     });
-    await Promise.all(workers.map((w) => w.next('ready', 60_000)));
+    const operatorGroup = withOperator ? groups[count] : undefined;
+    if (operatorGroup) {
+      const config: OperatorWorkerConfig = {
+        worker: count,
+        client: { ...operatorGroup.client, autoPipelining: true, ...timeouts },
+        keyPrefix: prefix,
+        names: [...locks.rwNames, ...locks.semaphores.map((s) => s.name)],
+        seed: (options.seed * 31 + 7) >>> 0,
+        operationTimeout: draws.operationTimeout,
+        everyMs: [300, 1_000],
+        deadlineMs: options.durationMs + 120_000,
+      };
+      workers.push(set.start('../history/operator', config, { echo: options.echo }));
+    }
+    await Promise.all(workers.map((w) => w.next('ready', 90_000)));
     for (const w of workers) w.send({ type: 'go' });
     // The proxies run in this process: when its event loop stands still, every worker's traffic
     // does too, which the checker must count like a stall of the worker itself.
@@ -150,74 +336,188 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     const startedAt = clock();
     const until = startedAt + options.durationMs;
     const injected: Promise<void>[] = [];
+    let nextOperatorFault = startedAt;
+    let operatorFault: Promise<void> = Promise.resolve();
+    let operatorFaultDone = true;
+    const groupsOfWorkers = groups.slice(0, count);
     while (clock() < until) {
       await sleep(100 + random() * 300);
       // Two seconds of faults, then one of calm: what happens once the network has recovered is
       // what the wake-up rule can judge (near a fault, a hold may hide from the records).
       const calm = (clock() - startedAt) % CYCLE_MS >= FAULTY_MS || clock() > until - (options.calmTailMs ?? 0);
-      if (options.faults !== false && !calm) injected.push(inject(random, proxies, scripts, faults));
+      if (options.faults !== false && !calm) {
+        injected.push(inject(random, groupsOfWorkers, scripts, draws, faults));
+        if (operatorGroup && operatorFaultDone && clock() >= nextOperatorFault) {
+          operatorFaultDone = false;
+          operatorFault = injectOperator(random, operatorGroup, count, draws, faults).finally(
+            () => (operatorFaultDone = true),
+          );
+          injected.push(operatorFault);
+          nextOperatorFault = clock() + 300 + random() * 500;
+        }
+      }
       workers.forEach(collect);
     }
+    stoppedAt = clock();
     for (const w of workers) w.send({ type: 'stop' });
     for (const w of workers) {
-      const done = await w.next('history-done', 60_000);
+      const done = await w.next('history-done', 90_000);
       collect(w);
       events.push(...done.events);
     }
     // Faults armed but never triggered are cancelled by close() below; none of them bit.
-    await Promise.all(proxies.map((proxy) => proxy.close()));
+    await Promise.all(groups.flatMap((g) => g.proxies.map((proxy) => proxy.close())));
     await Promise.all(injected);
   } finally {
     clearInterval(ticker);
     await set.killAll();
-    await Promise.all(proxies.map((proxy) => proxy.close()));
-    await lockServer.dispose();
+    await Promise.all(groups.flatMap((g) => g.proxies.map((proxy) => proxy.close())));
+    await lockServer?.dispose();
+    await cluster?.dispose();
     await fenceServer.dispose();
   }
-  const violations = checkHistory(events, faults, { operationTimeoutMs: operationTimeout });
-  const quietCount = quietReleases(events, faults, { operationTimeoutMs: operationTimeout });
-  const summary = `${summarize(events, faults)}; ${quietCount} releases far from any fault checked for wake-ups`;
-  const semaphores = options.family ? locks.semaphores : [];
-  return { seed: options.seed, semaphores, events, faults, violations, summary, quietReleases: quietCount };
+  const check: CheckOptions = {
+    operationTimeoutMs: draws.operationTimeout,
+    redisClockOffsetMs,
+    commandTimeoutMs: draws.commandTimeout,
+    abortsOnReset: draws.autoPipelining || topology === 'cluster',
+    stoppedAt,
+  };
+  const violations = checkHistory(events, faults, check);
+  const dumpDir = process.env.HISTORY_DUMP;
+  if (dumpDir) {
+    // Everything the checker saw, to read a failing seed's history afterwards.
+    mkdirSync(dumpDir, { recursive: true });
+    const file = join(dumpDir, `history-${topology}-${options.seed}-${Date.now()}.json`);
+    writeFileSync(file, JSON.stringify({ seed: options.seed, topology, draws, check, events, faults, violations }));
+  }
+  const quietCount = quietReleases(events, faults, check);
+  const summary =
+    `${plain ? 'plain worker' : describeDraws(topology, draws)}; ${summarize(events, faults)}; ` +
+    `${quietCount} releases far from any fault checked for wake-ups`;
+  return {
+    seed: options.seed,
+    topology,
+    draws,
+    semaphores,
+    events,
+    faults,
+    violations,
+    summary,
+    quietReleases: quietCount,
+    check,
+  };
 }
 
-/** One random fault on one random worker's proxy; its record is added once it has bitten. */
+/**
+ * One random fault on one random worker's connection (on a Cluster, on one node's proxy, or for a
+ * reset or a blackhole sometimes on all of them); its record is added once it has bitten. Besides
+ * dropped, stalled and delayed replies, resets and blackholes: a reply held past the run's short
+ * operationTimeout (an acquisition's also held 10-60 ms on its way, so that it lands after a grant
+ * made meanwhile: finding 2 of issue 20; a take-up renewal's: finding 5), and one held past
+ * ioredis's commandTimeout (finding 6).
+ */
 async function inject(
   random: () => number,
-  proxies: readonly FaultProxy[],
+  groups: readonly ProxyGroup[],
   scripts: readonly LuaScript[],
+  draws: RunDraws,
   faults: FaultRecord[],
 ): Promise<void> {
-  const worker = Math.floor(random() * proxies.length);
-  const proxy = proxies[worker];
+  const worker = Math.floor(random() * groups.length);
+  const group = groups[worker];
+  const proxy = group.masters[Math.floor(random() * group.masters.length)];
+  const everywhere = group.proxies.length > 1 && random() < 0.5 ? group.proxies : [proxy];
   const script = scripts[Math.floor(random() * scripts.length)];
   const roll = random();
-  const note = (kind: string, from: number, to = clock()): void => void faults.push({ worker, kind, from, to });
+  const note = (kind: string, from: number, closes = true): void =>
+    void faults.push({ worker, kind, from, to: clock(), closes });
   try {
-    if (roll < 0.3) {
+    if (roll < 0.22) {
       await proxy.dropReply(isScript(script));
       note(`drop ${script.name} + reset`, clock());
-    } else if (roll < 0.42) {
+    } else if (roll < 0.3) {
       const stallMs = 100 + random() * 500;
       await proxy.dropReply(isScript(script), { then: 'stall' });
       const from = clock();
       await sleep(stallMs);
       proxy.resetConnections('command');
       note(`drop ${script.name} + stall`, from);
-    } else if (roll < 0.64) {
+    } else if (roll < 0.46) {
       const delayMs = 20 + random() * 580;
       await proxy.delayReply(isScript(script), delayMs);
-      note(`delay ${script.name}`, clock() - delayMs);
+      note(`delay ${script.name}`, clock() - delayMs, false);
+    } else if (roll < 0.58 && draws.operationTimeout <= 1_000) {
+      // Past the operationTimeout: the caller gives up while Redis has run it.
+      const late = pickLate(random, scripts);
+      const requestMs = late === ACQUIRE_SCRIPT ? 10 + random() * 50 : 0;
+      const delayMs = draws.operationTimeout + 20 + random() * 280;
+      await proxy.delayReply(isScript(late), delayMs, { requestMs });
+      const held = requestMs > 0 ? ' (held on its way)' : '';
+      note(`${late.name} past operationTimeout${held}`, clock() - delayMs - requestMs, false);
+    } else if (roll < 0.64 && draws.commandTimeout !== undefined) {
+      const delayMs = draws.commandTimeout + 50 + random() * 350;
+      await proxy.delayReply(isScript(script), delayMs);
+      note(`${script.name} past commandTimeout`, clock() - delayMs, false);
     } else if (roll < 0.82) {
       const kind: ConnectionKind = (['subscriber', 'command', 'all'] as const)[Math.floor(random() * 3)];
-      proxy.resetConnections(kind);
-      note(`reset ${kind}`, clock());
+      for (const p of everywhere) p.resetConnections(kind);
+      note(`reset ${kind}${everywhere.length > 1 ? ' (every node)' : ''}`, clock());
     } else {
       const ms = 50 + random() * 450;
       const thenReset = random() < 0.5;
       const from = clock();
-      await proxy.blackhole(ms, { thenReset });
-      note(thenReset ? 'blackhole + reset' : 'blackhole', from);
+      await Promise.all(everywhere.map((p) => p.blackhole(ms, { thenReset })));
+      const where = everywhere.length > 1 ? ' (every node)' : '';
+      note(`${thenReset ? 'blackhole + reset' : 'blackhole'}${where}`, from, thenReset);
+    }
+  } catch {
+    // The proxy closed before this fault bit: it never happened.
+  }
+}
+
+/** Which script to answer past the operationTimeout: the acquisition or a renewal mostly. */
+function pickLate(random: () => number, scripts: readonly LuaScript[]): LuaScript {
+  const roll = random();
+  if (roll < 0.45) return ACQUIRE_SCRIPT;
+  if (roll < 0.8) return RENEW_SCRIPT;
+  return scripts[Math.floor(random() * scripts.length)];
+}
+
+/**
+ * One fault on the operator's connection, armed for its next forceUnlock: the reply dropped with a
+ * reset (ioredis sends the script again: finding 1 of issue 20), held past a short operationTimeout
+ * (or 20-600 ms), a blackhole, or a reset. Recorded as the operator's (it holds no lock, so the
+ * wake-up rule does not need its quiet).
+ */
+async function injectOperator(
+  random: () => number,
+  group: ProxyGroup,
+  worker: number,
+  draws: RunDraws,
+  faults: FaultRecord[],
+): Promise<void> {
+  const proxy = group.masters[Math.floor(random() * group.masters.length)];
+  const roll = random();
+  const note = (kind: string, from: number, to = clock()): void =>
+    void faults.push({ worker, kind, from, to, operator: true });
+  try {
+    if (roll < 0.7) {
+      await proxy.dropReply(isScript(FORCE_UNLOCK_SCRIPT));
+      note('drop force-unlock + reset', clock());
+    } else if (roll < 0.85) {
+      const delayMs =
+        draws.operationTimeout <= 1_000 ? draws.operationTimeout + 20 + random() * 280 : 20 + random() * 580;
+      await proxy.delayReply(isScript(FORCE_UNLOCK_SCRIPT), delayMs);
+      note('delay force-unlock', clock() - delayMs);
+    } else if (roll < 0.95) {
+      const ms = 50 + random() * 350;
+      const from = clock();
+      await Promise.all(group.proxies.map((p) => p.blackhole(ms, { thenReset: random() < 0.5 })));
+      note('blackhole', from);
+    } else {
+      for (const p of group.proxies) p.resetConnections('all');
+      note('reset all', clock());
     }
   } catch {
     // The proxy closed before this fault bit: it never happened.

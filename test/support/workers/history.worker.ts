@@ -240,7 +240,7 @@ async function oneCall(actor: Actor, locks: LockService): Promise<void> {
     }
     // Its acquisition may have taken the lock all the same: held until given back or expired.
     if (error instanceof RedisUnavailableError) {
-      record({ kind: 'unknown', worker: config.worker, name, from, to: clock() + 300 });
+      record({ kind: 'unknown', worker: config.worker, name, from, to: clock(), waits });
     }
     expected(error);
   }
