@@ -516,3 +516,126 @@ describe('history checker', () => {
     });
   });
 });
+
+describe('history checker: Redis forgets its locks (rule 5: restart without persistence, FLUSHALL)', () => {
+  /** Redis reachable again: the loss observable from here on (F). */
+  const F = 10_000;
+  const flush = (worker: number, overrides: Partial<FaultRecord> = {}): FaultRecord => ({
+    worker,
+    kind: 'FLUSHALL',
+    from: F - 1,
+    to: F,
+    closes: false,
+    forgot: { kind: 'flushall' },
+    ...overrides,
+  });
+  const flushed = [flush(0), flush(1)];
+  /** Redis's clock is this machine's (offset 0): a token, in µs, says when its hold was taken. */
+  const check = (events: HistoryEvent[], faults: FaultRecord[] = flushed): string[] =>
+    checkHistory(events, faults, { operationTimeoutMs: 400, redisClockOffsetMs: 0 }).map((v) => v.rule);
+  /** A hold taken 1 ms before its handle was in hand, called 2 ms before. */
+  const held = (owner: string, worker: number, start: number, end: number, more: Partial<HoldRecord> = {}) =>
+    hold({ owner, worker, start, end, token: (start - 1) * 1_000, calledAt: start - 2, ...more });
+
+  it('flags a holder told 1.5 s after Redis was back while another got in 1.2 s after', () => {
+    const lost = held('a', 0, F - 500, F + 2_000, { lostAt: F + 1_500 });
+    const next = held('b', 1, F + 1_200, F + 1_300);
+    expect(check([lost, next])).toEqual(['overlap', 'told-late']);
+    expect(check([lost, next], [])).toEqual(['overlap']);
+  });
+
+  it('excuses a holder told 0.3 s after Redis was back beside one that got in 0.2 s after (the documented limit)', () => {
+    const lost = held('a', 0, F - 500, F + 400, { lostAt: F + 300 });
+    const next = held('b', 1, F + 200, F + 500);
+    expect(check([lost, next])).toEqual([]);
+    expect(check([lost, next], [])).toEqual(['overlap']);
+    // its write, sent after the newcomer's, refused by its token: what the fence is for
+    const refused = { ...lost, write: 'refused' as const, refusedBy: next.token };
+    expect(check([refused, next])).toEqual([]);
+    expect(check([refused, next], [])).toEqual(['overlap', 'fencing']);
+    // permits too: a semaphore of 1 that Redis forgot admits a newcomer
+    const permit = { mode: 'permit' as const, permits: 1 };
+    expect(
+      check([
+        { ...lost, ...permit },
+        { ...next, ...permit },
+      ]),
+    ).toEqual([]);
+    expect(
+      check(
+        [
+          { ...lost, ...permit },
+          { ...next, ...permit },
+        ],
+        [],
+      ),
+    ).toEqual(['permits']);
+  });
+
+  it('excuses nothing more: two holders before Redis forgot, a loss on another master', () => {
+    const lost = held('a', 0, F - 500, F + 400, { lostAt: F + 300 });
+    expect(check([lost, held('b', 1, F - 200, F - 100)])).toEqual(['overlap']);
+    const elsewhere = [0, 1].map((w) => flush(w, { forgot: { kind: 'flushall', names: ['other'] } }));
+    expect(check([lost, held('b', 1, F + 200, F + 500)], elsewhere)).toEqual(['overlap']);
+  });
+
+  it('flags a holder never told whose work went on past its second, alone or not; not one taken after the loss', () => {
+    expect(check([held('a', 0, F - 500, F + 1_800)])).toEqual(['told-late']);
+    expect(check([held('a', 0, F - 500, F + 800)])).toEqual([]);
+    expect(check([held('a', 0, F + 10, F + 1_800)])).toEqual([]);
+    // its token says it was taken after Redis began to forget, though its handle came back before
+    expect(check([held('a', 0, F - 1, F + 1_800, { token: (F - 0.5) * 1_000 })])).toEqual([]);
+  });
+
+  it('excuses a late report by as long as the holder’s loop stood still after Redis was back, or faults on its connection kept Redis from it', () => {
+    const lost = held('a', 0, F - 500, F + 2_000, { lostAt: F + 1_500 });
+    const next = held('b', 1, F + 1_200, F + 1_300);
+    expect(check([lost, next, { kind: 'pause', worker: 0, from: F + 100, to: F + 700 }])).toEqual([]);
+    expect(check([lost, next, { kind: 'pause', worker: 1, from: F + 100, to: F + 700 }])).toEqual([
+      'overlap',
+      'told-late',
+    ]);
+    const blackhole: FaultRecord = { worker: 0, kind: 'blackhole', from: F + 200, to: F + 300 };
+    expect(check([lost, next], [...flushed, blackhole])).toEqual([]);
+    expect(check([lost, next], [...flushed, { ...blackhole, worker: 1 }])).toEqual(['overlap', 'told-late']);
+  });
+
+  it('orders the tokens of a hold Redis forgot after one taken anew only by its time to be told (2b); 2a stands', () => {
+    // b's acquisition answered before the flush, its handle in hand after a had taken the lock anew
+    const late = held('b', 1, F + 150, F + 300, { token: (F - 50) * 1_000, calledAt: F - 60, lostAt: F + 250 });
+    const anew = held('a', 0, F + 100, F + 200);
+    expect(check([anew, late])).toEqual([]);
+    expect(check([anew, late], [])).toEqual(['overlap', 'fencing']);
+    // a token after the loss must still be larger than one in hand before the call began
+    const before = held('a', 0, F - 300, F - 200);
+    expect(check([before, held('b', 1, F + 100, F + 200, { token: (F - 400) * 1_000 })])).toEqual(['fencing']);
+  });
+
+  it('does not judge a wake-up for a waiter whose place went with the line until its next attempt', () => {
+    const release: HistoryEvent = { kind: 'release', worker: 0, name: 'n', owner: 'a', at: F + 900 };
+    const first = held('a', 0, F + 100, F + 899);
+    const waiter = (until: number, at = F - 500): HoldRecord =>
+      held('w', 1, until, until + 1, { waitedFrom: at, calledAt: at });
+    expect(check([first, release, waiter(F + 1_300)])).toEqual([]);
+    expect(check([first, release, waiter(F + 1_300)], [])).toEqual(['lost-wake-up']);
+    // a release after the waiter's next attempt (within a second), or a wait that began after the loss
+    const later: HistoryEvent = { ...release, at: F + 1_100 };
+    expect(check([{ ...first, end: F + 1_099 }, later, waiter(F + 1_500)])).toEqual(['lost-wake-up']);
+    expect(check([first, release, waiter(F + 1_300, F + 50)])).toEqual(['lost-wake-up']);
+  });
+
+  it('counts a restarted Redis as keeping its locks from everyone until it answered and connections were back (rule 4)', () => {
+    const restart = (worker: number): FaultRecord => ({
+      worker,
+      kind: 'restart without persistence',
+      from: F - 300,
+      to: F,
+      forgot: { kind: 'restart' },
+    });
+    const waiter = (until: number): HoldRecord =>
+      held('w', 1, until, until + 1, { waitedFrom: F - 250, calledAt: F - 250 });
+    expect(check([waiter(F + 1_900)], [restart(0), restart(1)])).toEqual([]);
+    expect(check([waiter(F + 1_900)], [])).toEqual(['held-by-nobody']);
+    expect(check([waiter(F + 2_200)], [restart(0), restart(1)])).toEqual(['held-by-nobody']);
+  });
+});

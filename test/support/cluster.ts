@@ -185,6 +185,30 @@ export class RedisCluster {
   }
 
   /**
+   * SIGKILL one node and start it again on the same port from its own `nodes.conf` (its id, its
+   * slots, its peers) with an empty data set, nothing being persisted: a restart without
+   * persistence. Returns once it answers PING. A master restarted so serves its slots again only
+   * once it says `cluster_state:ok` (Redis holds a restarted master back about 2 s): see
+   * `awaitNodeOk`. Its replica then resynchronizes from it and forgets too. The Cluster takes it
+   * back as it was only if it came back before the others failed it over (`nodeTimeoutMs`).
+   */
+  async restartNode(port: number): Promise<void> {
+    const node = this.nodes.get(port);
+    if (!node) throw new Error(`No Cluster node on port ${port}`);
+    await this.killNode(port);
+    await this.launch(node);
+  }
+
+  /** Wait until the node on `port` says `cluster_state:ok` (it serves its slots). */
+  async awaitNodeOk(port: number, timeoutMs = 10_000): Promise<void> {
+    await waitFor(
+      async () => String(await this.admin(port).cluster('INFO')).includes('cluster_state:ok'),
+      timeoutMs,
+      `the node on port ${port} to say cluster_state:ok`,
+    );
+  }
+
+  /**
    * SIGKILL a master and wait until its replica has taken over: the replica is master, every live
    * node says `cluster_state:ok` and agrees. Returns how long that took, from the kill, and which
    * port serves the slots now.
@@ -308,6 +332,12 @@ export class RedisCluster {
     mkdirSync(dir);
     const node: Node = { port, dir, process: undefined, admin: undefined };
     this.nodes.set(port, node);
+    await this.launch(node);
+  }
+
+  /** Start a node's process in its dir (a first start, or a restart from its `nodes.conf`). */
+  private async launch(node: Node): Promise<void> {
+    const { port, dir } = node;
     const args = [
       '--port',
       String(port),

@@ -76,6 +76,29 @@
  *    `lockAtLeastFor`, a free lock refused just after a waiter left, a dead shared head that holds
  *    a free lock up for seconds.)
  *
+ * 5. Redis forgets ('told-late'; fault records with `forgot`): the run restarts the lock Redis
+ *    without persistence (on a Cluster one master, from its own nodes.conf) or sends FLUSHALL (to
+ *    one master), now and then. Every lock of that server is gone at once, and another process
+ *    may take it while its holder still runs: README's "Losing Redis's memory". The library's
+ *    promise (issue 21) is that such a holder is told within `LOSS_TELL_MS` of F, the moment Redis
+ *    is reachable again (the restarted server answered, a restarted Cluster master said
+ *    `cluster_state:ok`, FLUSHALL answered), late by no more than its process stood still since F
+ *    or faults on its own connection kept Redis out of its reach. So
+ *    a. every hold Redis surely forgot (its token says it was taken before Redis began to forget,
+ *       on the server that forgot) whose work went on past that must have been told in that time
+ *       ('told-late'; a hold never told, not before its work ended);
+ *    b. a holder that got in beside such a hold (one Redis may have forgotten), taken after Redis
+ *       began to forget and within the first one's time to be told, is the documented limit of a
+ *       Redis that forgets (the fencing token protects the resource then): rule 1 does not count
+ *       it, nor rule 2b's order between the two, nor a write of the first refused by its token.
+ *       Beyond that time, or between holds Redis had together before it forgot, nothing is excused;
+ *    c. rule 2a stands: a token after a loss is Redis's clock, still past every token issued
+ *       before (README, "Fencing tokens");
+ *    d. a waiter's place went with the line: a release within a line refresh (1 s) of F is not
+ *       judged for it (rule 3); a restarted Redis kept every lock of its from everyone until it
+ *       answered and the connections were back (rule 4). FLUSHALL needs no excuse in rule 4:
+ *       forgetting frees locks and places, it never holds one.
+ *
  * An operator's `forceUnlock` ('force-unlock' records) removes holds on purpose: their holders
  * learn it at their next renewal. A hold is excused (counts as told from the moment the operator's
  * call began) when the call returned it among the holds it removed and its fencing token, which is
@@ -316,10 +339,49 @@ export interface FaultRecord {
   readonly operator?: boolean;
   /** false: the fault closed no connection (a delay, a blackhole without a reset); absent: it may have. */
   readonly closes?: boolean;
+  /**
+   * Redis forgot its data set (see `DataLoss`): every process's connection gets a record of it,
+   * all with the same `from` (the server killed, or FLUSHALL sent) and `to` (Redis reachable again:
+   * the restarted server answered, on a Cluster its master said `cluster_state:ok`; FLUSHALL answered).
+   */
+  readonly forgot?: DataLoss;
+}
+
+/** How Redis forgot its locks mid-run (issue 21): restarted without persistence, or FLUSHALL. */
+export type DataLossKind = 'restart' | 'flushall';
+
+export interface DataLoss {
+  readonly kind: DataLossKind;
+  /** On a Cluster, the names whose keys lived on the master that forgot; absent: every name (one Redis). */
+  readonly names?: readonly string[];
+}
+
+/** One data loss of a run: the records of it on every process's connection, as one. */
+export interface Loss {
+  readonly kind: DataLossKind;
+  /** Redis began to forget: the server killed, or FLUSHALL sent. */
+  readonly from: number;
+  /** Redis reachable again: the loss became observable (F). */
+  readonly to: number;
+  /** The names it took the locks of; absent: every name. */
+  readonly names?: ReadonlySet<string>;
+}
+
+/** The data losses of a run, each once, in time order. */
+export function lossesOf(faults: readonly FaultRecord[]): Loss[] {
+  const byId = new Map<string, Loss>();
+  for (const f of faults) {
+    if (!f.forgot) continue;
+    const id = `${f.forgot.kind} ${f.from} ${f.to}`;
+    if (byId.has(id)) continue;
+    const names = f.forgot.names === undefined ? {} : { names: new Set(f.forgot.names) };
+    byId.set(id, { kind: f.forgot.kind, from: f.from, to: f.to, ...names });
+  }
+  return [...byId.values()].sort((a, b) => a.from - b.from);
 }
 
 export interface Violation {
-  readonly rule: 'overlap' | 'permits' | 'fencing' | 'lost-wake-up' | 'held-by-nobody' | 'error';
+  readonly rule: 'overlap' | 'permits' | 'fencing' | 'lost-wake-up' | 'held-by-nobody' | 'told-late' | 'error';
   readonly text: string;
 }
 
@@ -516,6 +578,143 @@ function judge(holds: readonly HoldRecord[], events: readonly HistoryEvent[]): J
   });
 }
 
+/**
+ * How soon a holder whose lock Redis forgot must be told, counted from when Redis is reachable
+ * again (issue 21; README, "Losing Redis's memory"): the library checks every held lock when its
+ * connection comes back after a drop (a created client reconnects at most 400 ms apart), and reads
+ * a marker of the data set every 500 ms while it holds locks (a changed one has the node's locks
+ * checked at once).
+ */
+export const LOSS_TELL_MS = 1_000;
+
+/**
+ * A waiter attempts at least this often (the store's lineRefreshMs): its place in a line that Redis
+ * forgot is taken again by then.
+ */
+const LINE_REFRESH_MS = 1_000;
+
+/**
+ * Rule 5: what Redis forgetting its data set (a restart without persistence, FLUSHALL) does to
+ * the other rules, and what it must not do (see the header).
+ */
+class Forgetting {
+  constructor(
+    readonly losses: readonly Loss[],
+    private readonly faultsOf: ReadonlyMap<number, readonly FaultRecord[]>,
+    private readonly paused: Paused,
+    private readonly offset: number | undefined,
+  ) {}
+
+  /** The earliest a hold may have been taken in Redis: its call, or its token (Redis's clock in µs) less the slack. */
+  earliest(h: HoldRecord): number {
+    const byToken = this.offset === undefined ? -Infinity : h.token / 1_000 - this.offset - CLOCK_SLACK_MS;
+    // A re-entry shares its outer hold's token, taken before the re-entry's call.
+    return h.nested ? byToken : Math.max(h.calledAt, byToken);
+  }
+
+  /** The latest a hold may have been taken in Redis: its handle in hand, or its token plus the slack. */
+  latest(h: HoldRecord): number {
+    return this.offset === undefined ? h.start : Math.min(h.start, h.token / 1_000 - this.offset + CLOCK_SLACK_MS);
+  }
+
+  on(loss: Loss, name: string): boolean {
+    return loss.names === undefined || loss.names.has(name);
+  }
+
+  /** The losses that may have taken `h`'s lock: it may have been in Redis when Redis forgot, its work still going on. */
+  mayHaveTaken(h: HoldRecord): Loss[] {
+    return this.losses.filter((l) => this.on(l, h.name) && this.earliest(h) <= l.to && h.end > l.from);
+  }
+
+  /** `l` surely took `h`'s lock: it was in Redis before Redis began to forget, and its work went on past that. */
+  surelyTook(h: HoldRecord, l: Loss): boolean {
+    return this.on(l, h.name) && this.latest(h) < l.from && h.end > l.from;
+  }
+
+  /**
+   * By when `worker` had to report the loss: LOSS_TELL_MS after Redis was back, more the time faults
+   * on its own connection took from it meanwhile (each until over, and its reconnection): Redis was
+   * not reachable for it then. The run injects no fault for LOSS_TELL_MS after a loss; only one
+   * armed before may bite in that second.
+   */
+  private deadline(worker: number, l: Loss): number {
+    let deadline = l.to + LOSS_TELL_MS;
+    for (let moved = true; moved;) {
+      moved = false;
+      let extra = 0;
+      for (const f of this.faultsOf.get(worker) ?? []) {
+        if ((f.forgot && f.from === l.from && f.to === l.to) || f.to + RECOVER_MS < l.to || f.from > deadline) continue;
+        extra += f.to + RECOVER_MS - Math.max(f.from, l.to);
+      }
+      if (l.to + LOSS_TELL_MS + extra > deadline) {
+        deadline = l.to + LOSS_TELL_MS + extra;
+        moved = true;
+      }
+    }
+    return deadline;
+  }
+
+  /**
+   * Whether `at` is within the time `worker` had to report the loss: by its deadline, or later by
+   * no more than its process stood still since Redis was back (as `toldBy` excuses a late report,
+   * whatever the lease: a pause did not cause this loss, it only delays the report).
+   */
+  inTime(worker: number, l: Loss, at: number): boolean {
+    const deadline = this.deadline(worker, l);
+    if (at <= deadline) return true;
+    const stood = this.paused(worker, l.to, at);
+    return at - deadline <= stood + (stood > 0 ? REPORT_SLACK_MS : 0);
+  }
+
+  /**
+   * Whether `by` getting the lock while `taken`, not told, still held it is the documented limit
+   * of a Redis that forgets: Redis may have lost `taken`'s lock, `by` may have got it after that,
+   * and at `at` (when `by` got in, or wrote) `taken`'s holder was still within its time to be told.
+   * Nothing else is excused: an overlap beyond that time, or between two holds Redis had together
+   * before it forgot, is judged as any other.
+   */
+  excuses(taken: HoldRecord, by: HoldRecord, at: number): boolean {
+    return this.mayHaveTaken(taken).some((l) => this.latest(by) >= l.from && this.inTime(taken.worker, l, at));
+  }
+
+  /**
+   * Whether a release at `r` may have found no place of `wait` in the line: the place went with
+   * the data set and is taken again at the waiter's next attempt, within LINE_REFRESH_MS of Redis
+   * being back (after a restart, once its connection is back too), more its stalls.
+   */
+  placeLost(wait: { readonly worker: number; readonly name: string; readonly from: number }, r: number): boolean {
+    return this.losses.some((l) => {
+      if (!this.on(l, wait.name) || wait.from >= l.to || r < l.from) return false;
+      const retaken = l.to + LINE_REFRESH_MS + (l.kind === 'restart' ? RECOVER_MS : 0);
+      return r <= retaken + this.paused(wait.worker, l.to, r);
+    });
+  }
+
+  /** Rule 5: every hold Redis surely forgot, its work going on after Redis was back, told in time. */
+  checkTold(holds: readonly Judged[], violations: Violation[]): void {
+    for (const l of this.losses) {
+      const reported = new Set<string>();
+      for (const h of holds) {
+        if (reported.has(h.owner) || !this.surelyTook(h, l)) continue;
+        const told = Math.min(h.lostAt ?? Infinity, h.forcedAt ?? Infinity);
+        // Never told: not before its work ended, which is in time if that was.
+        const by = Number.isFinite(told) ? told : h.end;
+        if (this.inTime(h.worker, l, by)) continue;
+        reported.add(h.owner);
+        violations.push({
+          rule: 'told-late',
+          text:
+            `"${h.name}": Redis forgot it (${l.kind === 'restart' ? 'restarted without persistence' : 'FLUSHALL'} ` +
+            `from ${fmt(l.from)}, reachable again at ${fmt(l.to)}); ${describe(h)}, in ${fmt(h.start)}–${fmt(h.end)}, ` +
+            (Number.isFinite(told) ? `was told only at ${fmt(told)}` : 'was never told') +
+            `, ${fmt(by - l.to)} ms after Redis was back (${fmt(this.paused(h.worker, l.to, by))} ms of it stalled; ` +
+            `due within ${fmt(this.deadline(h.worker, l) - l.to)} ms)`,
+        });
+      }
+    }
+  }
+}
+
 export function checkHistory(
   events: readonly HistoryEvent[],
   faults: readonly FaultRecord[],
@@ -542,19 +741,23 @@ export function checkHistory(
     else byName.set(hold.name, [hold]);
   }
   const paused = pausedIn(events.filter((e): e is PauseRecord => e.kind === 'pause'));
+  const faultsOf = new Map<number, FaultRecord[]>();
+  for (const f of faults) faultsOf.set(f.worker, [...(faultsOf.get(f.worker) ?? []), f]);
+  const forgetting = new Forgetting(lossesOf(faults), faultsOf, paused, options.redisClockOffsetMs);
   for (const list of byName.values()) {
     list.sort((a, b) => a.start - b.start);
-    checkHolders(list, paused, violations);
-    checkTokens(list, paused, violations);
-    checkRefusedWrites(list, paused, violations);
+    checkHolders(list, paused, forgetting, violations);
+    checkTokens(list, paused, forgetting, violations);
+    checkRefusedWrites(list, paused, forgetting, violations);
   }
-  checkWakeUps(events, holds, faults, paused, options, violations);
-  checkHeldByNobody(events, holds, faults, paused, options, violations);
+  forgetting.checkTold(holds, violations);
+  checkWakeUps(events, holds, faults, paused, forgetting, options, violations);
+  checkHeldByNobody(events, holds, faults, paused, forgetting, options, violations);
   return violations;
 }
 
 /** Rule 1, for the holds of one name in `start` order. */
-function checkHolders(list: readonly Judged[], paused: Paused, violations: Violation[]): void {
+function checkHolders(list: readonly Judged[], paused: Paused, forgetting: Forgetting, violations: Violation[]): void {
   const active: Judged[] = [];
   const reported = new Set<string>();
   // Each owner's first record: its acquisition (a re-entry takes nothing new, see `tooManyPermits`).
@@ -570,7 +773,12 @@ function checkHolders(list: readonly Judged[], paused: Paused, violations: Viola
     const inside = new Map<string, Judged>();
     for (const earlier of active) {
       if (earlier.owner === later.owner || inside.has(earlier.owner)) continue;
-      if (!toldBy(earlier, later.start, paused)) inside.set(earlier.owner, earlier);
+      if (toldBy(earlier, later.start, paused)) continue;
+      // Redis forgot one of the two locks (the earlier one's; or the later one's, whose handle came
+      // back after the other had taken the lock anew), and its holder was still within its time to
+      // be told (rule 5b): the documented limit of a Redis that forgets, for holders and permits alike.
+      const forgot = forgetting.excuses(earlier, later, later.start) || forgetting.excuses(later, earlier, later.start);
+      if (!forgot) inside.set(earlier.owner, earlier);
     }
     const laterMode = modeOf(later);
     for (const earlier of inside.values()) {
@@ -656,7 +864,7 @@ function startedBefore(sorted: readonly Judged[], at: number): number {
 }
 
 /** Rule 2's token order, for the holds of one name in `start` order. */
-function checkTokens(list: readonly Judged[], paused: Paused, violations: Violation[]): void {
+function checkTokens(list: readonly Judged[], paused: Paused, forgetting: Forgetting, violations: Violation[]): void {
   // The first hold of each owner (its outer hold; re-entries share its token), in start order.
   const seen = new Set<string>();
   const firsts: Judged[] = [];
@@ -673,11 +881,21 @@ function checkTokens(list: readonly Judged[], paused: Paused, violations: Violat
     const candidates = [best[startedBefore(firsts, hold.calledAt)]];
     // b. With an exclusive one of the two: holds in hand before this one, unless it was told by then.
     if (!toldBy(hold, hold.start, paused)) {
-      candidates.push(
-        modeOf(hold) === 'exclusive'
-          ? best[startedBefore(firsts, hold.start)]
-          : bestExclusive[startedBefore(exclusives, hold.start)],
-      );
+      const exclusive = modeOf(hold) === 'exclusive';
+      let b = exclusive
+        ? best[startedBefore(firsts, hold.start)]
+        : bestExclusive[startedBefore(exclusives, hold.start)];
+      if (b && b.token >= hold.token && forgetting.losses.length > 0) {
+        // b's argument is that the library must have told this hold by its start if another got the
+        // lock after it. When Redis forgot this hold's lock, the library has until its time to be
+        // told (rule 5), and a hold taken after the loss may have been in hand first: leave out
+        // the holds that excuses. Order a (a hold in hand before this call began) stands: a
+        // token after a loss is Redis's clock, still past every earlier one (README, "Fencing tokens").
+        b = (exclusive ? firsts : exclusives)
+          .filter((a) => a.start < hold.start && !forgetting.excuses(hold, a, hold.start))
+          .reduce<Judged | undefined>((top, a) => (!top || a.token > top.token ? a : top), undefined);
+      }
+      candidates.push(b);
     }
     const before = candidates.reduce<Judged | undefined>(
       (top, h) => (h && (!top || h.token > top.token) ? h : top),
@@ -696,11 +914,20 @@ function checkTokens(list: readonly Judged[], paused: Paused, violations: Violat
 }
 
 /** Rule 2's refused writes, for the holds of one name. */
-function checkRefusedWrites(list: readonly Judged[], paused: Paused, violations: Violation[]): void {
+function checkRefusedWrites(
+  list: readonly Judged[],
+  paused: Paused,
+  forgetting: Forgetting,
+  violations: Violation[],
+): void {
   for (const hold of list) {
     if (hold.write !== 'refused' || hold.toldBeforeWrite || toldBy(hold, hold.start, paused)) continue;
     // An operator removed it: the holder it was handed on to may have written first.
     if (hold.forcedAt !== undefined && hold.forcedAt < hold.end) continue;
+    const by = hold.refusedBy === undefined ? undefined : list.find((h) => h.token === hold.refusedBy);
+    // Redis forgot its lock and the one whose token refused it got in while its holder was still
+    // within its time to be told (rule 5): the fence did what it is there for.
+    if (by && by.owner !== hold.owner && forgetting.excuses(hold, by, by.start)) continue;
     if (modeOf(hold) === 'exclusive') {
       violations.push({
         rule: 'fencing',
@@ -708,7 +935,6 @@ function checkRefusedWrites(list: readonly Judged[], paused: Paused, violations:
       });
       continue;
     }
-    const by = hold.refusedBy === undefined ? undefined : list.find((h) => h.token === hold.refusedBy);
     if (by && modeOf(by) === 'exclusive') {
       violations.push({
         rule: 'fencing',
@@ -744,6 +970,7 @@ function checkWakeUps(
   holds: readonly Judged[],
   faults: readonly FaultRecord[],
   stalled: Paused,
+  forgetting: Forgetting,
   options: CheckOptions,
   violations: Violation[],
 ): void {
@@ -813,6 +1040,9 @@ function checkWakeUps(
       // whose answer came later than its lease is given back, not handed out, but held the lock
       // in Redis until then. Such a window proves nothing either way; the rest must be clean.
       if (!quiet(faults, r, options)) continue;
+      // Redis forgot the line with the waiter's place in it: nobody is named to look until the
+      // waiter takes a new place at its next attempt (rule 5).
+      if (forgetting.placeLost(wait, r)) continue;
       // Time the waiter's process (or the releaser's) could not run does not count against it. A
       // permit waits behind the shared waiters ahead of it in the lock's line, who may be stalled.
       const late = wait.until - r;
@@ -930,6 +1160,7 @@ function checkHeldByNobody(
   holds: readonly Judged[],
   faults: readonly FaultRecord[],
   stalled: Paused,
+  forgetting: Forgetting,
   options: CheckOptions,
   violations: Violation[],
 ): void {
@@ -1093,6 +1324,20 @@ function checkHeldByNobody(
         of: e,
         what: `worker ${e.worker}'s slow refusal`,
       });
+    }
+  }
+  // Redis restarted without persistence: nobody could take a lock of that server from the kill until
+  // it answered again and the clients' connections were back (RECOVER_MS; a created client
+  // reconnects at most 400 ms apart), so a waiter kept out meanwhile was kept out by Redis, not by
+  // a lock held by nobody. (A FLUSHALL needs nothing here: forgetting only frees locks and places,
+  // and what may have held a lock before it is still explained by its records, if for longer.)
+  const names = new Set(events.flatMap((e) => ('name' in e ? [e.name] : [])));
+  for (const l of forgetting.losses) {
+    if (l.kind !== 'restart') continue;
+    for (const name of names) {
+      if (!forgetting.on(l, name)) continue;
+      const what = `the restart of its Redis from ${fmt(l.from)}, back at ${fmt(l.to)}`;
+      add(name, { from: l.from, to: l.to + RECOVER_MS, held: true, of: `restart ${l.from}`, what });
     }
   }
   const heldOf = new Map<string, Windows>();
@@ -1276,7 +1521,18 @@ export function summarize(events: readonly HistoryEvent[], faults: readonly Faul
         `${drawn.lockAtLeastForHolds} with lockAtLeastFor, ${drawn.longLeaseHolds} on a long watchdog lease`
       : '';
   const kinds = new Map<string, number>();
-  for (const f of faults) kinds.set(f.kind, (kinds.get(f.kind) ?? 0) + 1);
+  const injected = faults.filter((f) => !f.forgot);
+  for (const f of injected) kinds.set(f.kind, (kinds.get(f.kind) ?? 0) + 1);
+  const losses = lossesOf(faults);
+  const forgot =
+    losses.length === 0
+      ? ''
+      : `; Redis forgot its locks ${losses.length} times (${losses
+          .map(
+            (l) =>
+              `${l.kind === 'restart' ? 'restart' : 'FLUSHALL'}${l.names ? ` of ${l.names.size} names` : ''} back after ${fmt(l.to - l.from)} ms`,
+          )
+          .join(', ')})`;
   const ops = new Map<string, number>();
   for (const h of holds) if (!h.nested) ops.set(h.op ?? 'mutex', (ops.get(h.op ?? 'mutex') ?? 0) + 1);
   const pauseRecords = events.filter((e): e is PauseRecord => e.kind === 'pause');
@@ -1300,7 +1556,7 @@ export function summarize(events: readonly HistoryEvent[], faults: readonly Faul
     `${events.filter((e) => e.kind === 'unknown').length} outcomes unknown, ` +
     `${events.filter((e) => e.kind === 'release').length} releases, ` +
     `fenced writes ${count((h) => h.write === 'accepted')} accepted / ${count((h) => h.write === 'refused')} refused; ` +
-    `${faults.length} faults (${[...kinds].map(([k, n]) => `${k} ${n}`).join(', ')}); ` +
+    `${injected.length} faults (${[...kinds].map(([k, n]) => `${k} ${n}`).join(', ')})${forgot}; ` +
     `event loops stood still ${pauses} times (${stalled.toFixed(0)} ms in all)`
   );
 }

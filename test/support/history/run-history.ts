@@ -37,8 +37,10 @@ import {
   type CheckOptions,
   checkHistory,
   clock,
+  type DataLossKind,
   type FaultRecord,
   type HistoryEvent,
+  LOSS_TELL_MS,
   PAUSE_MS,
   prng,
   quietReleases,
@@ -109,6 +111,54 @@ export interface HistoryRun {
 const CYCLE_MS = 3_000;
 const FAULTY_MS = 2_000;
 
+/**
+ * Redis forgets (a restart without persistence, or FLUSHALL) in this share of the fault stretches,
+ * at most MAX_LOSSES times a run: it frees every lock of the server at once and disturbs
+ * everything, so now and then, not every round.
+ */
+const LOSS_SHARE = 0.25;
+const MAX_LOSSES = 3;
+
+/**
+ * A Cluster's node timeout for the history: a master restarted without persistence comes back
+ * within a few hundred ms, and the Cluster takes it back as it was (its slots, empty) only if its
+ * replica has not been promoted meanwhile; 5 s keeps a loaded machine well clear of that. Nothing
+ * else in the history depends on it (its faults are between the clients and the nodes, never on
+ * the Cluster bus).
+ */
+const CLUSTER_NODE_TIMEOUT_MS = 5_000;
+
+/** When a run makes Redis forget, how, and on a Cluster which master (an index into the masters at the start). */
+export interface PlannedLoss {
+  readonly atMs: number;
+  readonly kind: DataLossKind;
+  readonly master: number;
+}
+
+/** How long a restart keeps Redis away, about: a Cluster master serves again only ~2 s after it answers. */
+const RESTART_AWAY_MS: Readonly<Record<Topology, number>> = { single: 300, cluster: 2_500 };
+
+/**
+ * The seed's data losses, from a PRNG of their own (so that the seed's other draws stay as they
+ * were; the salt is arbitrary, and this one has CI's seeds 3 and 11 draw one restart and one
+ * FLUSHALL each, and its other seeds none): in a quarter of the fault stretches, at a random
+ * moment of it, a restart or a FLUSHALL, on a Cluster of a random master; only where Redis is
+ * back LOSS_TELL_MS and a half before the run ends (the second after it must be judged).
+ */
+export function lossPlan(seed: number, durationMs: number, topology: Topology, calmTailMs = 0): PlannedLoss[] {
+  const random = prng(seed ^ 0x1055_056b);
+  const plan: PlannedLoss[] = [];
+  for (let cycle = 0; cycle * CYCLE_MS < durationMs && plan.length < MAX_LOSSES; cycle += 1) {
+    const drawn = random() < LOSS_SHARE;
+    const atMs = cycle * CYCLE_MS + 300 + random() * (FAULTY_MS - 300);
+    const kind: DataLossKind = random() < 0.5 ? 'restart' : 'flushall';
+    const master = Math.floor(random() * 3);
+    const backMs = atMs + (kind === 'restart' ? RESTART_AWAY_MS[topology] : 0);
+    if (drawn && backMs < durationMs - calmTailMs - LOSS_TELL_MS * 1.5) plan.push({ atMs, kind, master });
+  }
+  return plan;
+}
+
 const SCRIPTS: readonly LuaScript[] = [ACQUIRE_SCRIPT, CHECK_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT];
 const FAMILY_SCRIPTS: readonly LuaScript[] = [...SCRIPTS, ACQUIRE_SHARED_SCRIPT, LEAVE_SCRIPT];
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
@@ -161,16 +211,23 @@ async function familyLocks(
   }
   const masters = await cluster.masters();
   const perMaster = Math.ceil((names + 1) / masters.length);
-  const chosen = new Map<number, string[]>(masters.map((m) => [m.port, []]));
-  for (let i = 0; [...chosen.values()].some((list) => list.length < perMaster); i += 1) {
-    const name = `n-${i}`;
-    const slot = keySlot(prefix + name);
-    const owner = masters.find((m) => m.slots.some(([a, b]) => slot >= a && slot <= b));
-    const list = owner && chosen.get(owner.port);
-    if (list && list.length < perMaster) list.push(name);
-  }
-  const all = [...chosen.values()].flat();
-  return { rwNames: all.slice(0, names).map((n) => `rw-${n}`), semaphores: [{ name: `sem-${all[names]}`, permits }] };
+  const served = new Map<number, number>(masters.map((m) => [m.port, 0]));
+  // The slot of the name as the lock's key has it (`keyPrefix` + name), the name it is given.
+  const take = (stem: string, wanted: number): string[] => {
+    const taken: string[] = [];
+    for (let i = 0; taken.length < wanted; i += 1) {
+      const name = `${stem}-${i}`;
+      const slot = keySlot(prefix + name);
+      const owner = masters.find((m) => m.slots.some(([a, b]) => slot >= a && slot <= b));
+      const count = owner ? (served.get(owner.port) ?? 0) : perMaster;
+      if (!owner || count >= perMaster) continue;
+      served.set(owner.port, count + 1);
+      taken.push(name);
+    }
+    return taken;
+  };
+  const rwNames = take('rw', names);
+  return { rwNames, semaphores: [{ name: take('sem', 1)[0], permits }] };
 }
 
 /** One process's fault proxies: the one to a single Redis, or one per Cluster node. */
@@ -262,10 +319,18 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
   let stoppedAt: number | undefined;
   let ticker: NodeJS.Timeout | undefined;
   try {
-    if (topology === 'cluster') cluster = await RedisCluster.start();
+    if (topology === 'cluster') cluster = await RedisCluster.start({ nodeTimeoutMs: CLUSTER_NODE_TIMEOUT_MS });
     else lockServer = await RedisServer.start();
     await preload(cluster ? (await cluster.topology()).map((node) => node.port) : [(lockServer as RedisServer).port]);
     const locks = await familyLocks(options.seed, options.names ?? (cluster ? 5 : 2), prefix, cluster);
+    // Where each name lives on a Cluster (the slot map at the start: the history moves no slot), for
+    // the names a master that forgets takes with it.
+    const masters = cluster ? await cluster.masters() : [];
+    const namesOn = (port: number): string[] =>
+      [...locks.rwNames, ...locks.semaphores.map((sem) => sem.name)].filter((name) => {
+        const slot = keySlot(prefix + name);
+        return masters.find((m) => m.slots.some(([a, b]) => slot >= a && slot <= b))?.port === port;
+      });
     const clockPort = cluster ? (await cluster.masters())[0].port : (lockServer as RedisServer).port;
     redisClockOffsetMs = await redisClockOffset(clockPort);
     semaphores = plain ? [] : locks.semaphores;
@@ -340,11 +405,30 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     let operatorFault: Promise<void> = Promise.resolve();
     let operatorFaultDone = true;
     const groupsOfWorkers = groups.slice(0, count);
+    const plan =
+      options.faults === false ? [] : lossPlan(options.seed, options.durationMs, topology, options.calmTailMs);
+    /** No fault is injected until then: the second after Redis forgot is judged on a clean network (rule 5). */
+    let cleanUntil = 0;
     while (clock() < until) {
       await sleep(100 + random() * 300);
+      const due = plan[0];
+      if (due !== undefined && clock() - startedAt >= due.atMs) {
+        plan.shift();
+        const where = cluster ? masters[due.master % masters.length].port : (lockServer as RedisServer).port;
+        const lost = await forget(due.kind, lockServer, cluster, where, cluster ? namesOn(where) : undefined);
+        const record = { kind: lost.label, from: lost.from, to: lost.to, closes: due.kind === 'restart' };
+        for (let worker = 0; worker < count; worker += 1) faults.push({ worker, ...record, forgot: lost.forgot });
+        if (operatorGroup) faults.push({ worker: count, ...record, operator: true, forgot: lost.forgot });
+        cleanUntil = lost.to + LOSS_TELL_MS;
+        workers.forEach(collect);
+        continue;
+      }
       // Two seconds of faults, then one of calm: what happens once the network has recovered is
       // what the wake-up rule can judge (near a fault, a hold may hide from the records).
-      const calm = (clock() - startedAt) % CYCLE_MS >= FAULTY_MS || clock() > until - (options.calmTailMs ?? 0);
+      const calm =
+        (clock() - startedAt) % CYCLE_MS >= FAULTY_MS ||
+        clock() > until - (options.calmTailMs ?? 0) ||
+        clock() < cleanUntil;
       if (options.faults !== false && !calm) {
         injected.push(inject(random, groupsOfWorkers, scripts, draws, faults));
         if (operatorGroup && operatorFaultDone && clock() >= nextOperatorFault) {
@@ -474,6 +558,50 @@ async function inject(
   } catch {
     // The proxy closed before this fault bit: it never happened.
   }
+}
+
+/**
+ * Make the lock Redis forget: FLUSHALL on it (on a Cluster, on one master), or kill it and start
+ * it again empty on the same port (nothing is persisted; a Cluster master from its own nodes.conf,
+ * so that it comes back with its slots). `from`: just before the kill or FLUSHALL was sent; `to`:
+ * when Redis is reachable again (the restarted server answered, a Cluster master said
+ * `cluster_state:ok`; FLUSHALL answered).
+ */
+async function forget(
+  kind: DataLossKind,
+  server: RedisServer | undefined,
+  cluster: RedisCluster | undefined,
+  port: number,
+  names: readonly string[] | undefined,
+): Promise<{ label: string; from: number; to: number; forgot: FaultRecord['forgot'] }> {
+  const where = cluster ? ` (master :${port}, ${names?.length ?? 0} names)` : '';
+  const forgot = { kind, ...(names === undefined ? {} : { names }) };
+  if (kind === 'flushall') {
+    const admin = new Redis({ port, host: '127.0.0.1', maxRetriesPerRequest: 1 });
+    admin.on('error', () => undefined);
+    try {
+      await admin.ping();
+      const from = clock();
+      await admin.flushall();
+      return { label: `FLUSHALL${where}`, from, to: clock(), forgot };
+    } finally {
+      admin.disconnect();
+    }
+  }
+  const from = clock();
+  if (server) {
+    await server.stop();
+    await server.startProcess();
+  } else if (cluster) {
+    await cluster.restartNode(port);
+    await cluster.awaitNodeOk(port);
+  }
+  const to = clock();
+  if (cluster && (await cluster.node(port)).role !== 'master') {
+    // Its replica took over: the Cluster failed over rather than forgot, which is not this fault.
+    throw new Error(`runHistory: the master on port ${port} was failed over while it restarted`);
+  }
+  return { label: `restart without persistence${where}`, from, to, forgot };
 }
 
 /** Which script to answer past the operationTimeout: the acquisition or a renewal mostly. */
