@@ -3,7 +3,10 @@
  * and a fence Redis (all test-owned), fault proxies for every worker process (one, or on a Cluster
  * one per node, which the worker's Cluster client reaches through its `natMap`), the workers, an
  * operator process that force-unlocks now and then, and a scheduler that injects a random fault
- * into a random worker's connection every 100-400 ms.
+ * into a random worker's connection every 100-400 ms. Now and then (`lossPlan`) Redis forgets its
+ * locks: the lock Redis, or one Cluster master, restarted without persistence or flushed (FLUSHALL),
+ * recorded as a fault on every process's connection with what it took (`FaultRecord.forgot`); no
+ * other fault is injected in the second after it, which rule 5 judges.
  *
  * Everything the run chooses comes from `seed`: the client options users set (`operationTimeout`
  * from 50 ms to 5 s, ioredis's `commandTimeout` sometimes, `enableAutoPipelining` on or off), how
