@@ -59,12 +59,16 @@ export class LossWatch {
     if (locks.length === 0) return this.idle();
     if (this.probing) return; // the last probe is still on its way (Redis is slow, or away)
     this.probing = true;
+    const asked = new Set(locks);
     this.store
       .suspect([...new Set(locks.map((lock) => lock.key))])
       .then((suspects) => {
         if (suspects.length === 0) return;
+        // The keys named, and every lock held since the probe was sent: its acquisition may have
+        // run before the change and been answered after (or its process stood still meanwhile), and
+        // the next probe compares with the marker read now.
         const named = new Set(suspects);
-        const gone = this.held().filter((lock) => named.has(lock.key));
+        const gone = this.held().filter((lock) => named.has(lock.key) || !asked.has(lock));
         this.check(gone, "Redis's data set changed (a restart without persistence, or FLUSHALL)");
       })
       .catch(() => undefined)
