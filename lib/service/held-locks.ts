@@ -62,7 +62,7 @@ export class HeldLocks implements HoldKeeper {
     this.held.add(lock);
     this.events.heldChanged(1);
     this.watchdog.start(lock);
-    this.lossWatch.holding();
+    this.lossWatch.added(lock);
   }
 
   /** Shutdown: nothing is held any more, nothing to watch. */

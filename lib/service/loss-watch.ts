@@ -7,6 +7,8 @@ import type { LockStore } from '../store/lock-store.interface';
  */
 export const PROBE_MS = 500;
 
+const CHANGED = "Redis's data set changed (a restart without persistence, or FLUSHALL)";
+
 /**
  * Notices when Redis may have lost the locks this application holds, without any renewal being
  * due: its connection came back after a drop (a restart without persistence), or its data set was
@@ -17,6 +19,12 @@ export const PROBE_MS = 500;
 export class LossWatch {
   private timer: NodeJS.Timeout | undefined;
   private probing = false;
+  /**
+   * `performance.now()` when the latest probe that found the data set changed was sent: a lock
+   * whose acquisition was sent before it may have been taken before the change, whenever its
+   * answer came, and is checked as it is handed out.
+   */
+  private changedBefore = -Infinity;
   private readonly stopListening: () => void;
 
   constructor(
@@ -36,8 +44,9 @@ export class LossWatch {
     });
   }
 
-  /** A lock is held: probe while any is. */
-  holding(): void {
+  /** A lock is held now: probe while any is; check it at once if Redis may have lost it already. */
+  added(lock: HeldLock): void {
+    if (lock.acquiredAt < this.changedBefore) this.check([lock], CHANGED);
     if (this.timer) return;
     this.timer = this.outside(() => setInterval(() => this.probe(), PROBE_MS));
     this.timer.unref();
@@ -60,16 +69,20 @@ export class LossWatch {
     if (this.probing) return; // the last probe is still on its way (Redis is slow, or away)
     this.probing = true;
     const asked = new Set(locks);
+    const sentAt = performance.now();
     this.store
       .suspect([...new Set(locks.map((lock) => lock.key))])
       .then((suspects) => {
         if (suspects.length === 0) return;
-        // The keys named, and every lock held since the probe was sent: its acquisition may have
-        // run before the change and been answered after (or its process stood still meanwhile), and
-        // the next probe compares with the marker read now.
+        // The keys named, and every lock held since the probe was sent (and, through `added`, every
+        // lock handed out later whose acquisition was sent before it): it may have been taken
+        // before the change and answered after, and the next probe compares with the marker read now.
+        this.changedBefore = Math.max(this.changedBefore, sentAt);
         const named = new Set(suspects);
-        const gone = this.held().filter((lock) => named.has(lock.key) || !asked.has(lock));
-        this.check(gone, "Redis's data set changed (a restart without persistence, or FLUSHALL)");
+        this.check(
+          this.held().filter((lock) => named.has(lock.key) || !asked.has(lock)),
+          CHANGED,
+        );
       })
       .catch(() => undefined)
       .finally(() => (this.probing = false));
