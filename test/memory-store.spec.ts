@@ -11,12 +11,14 @@ import {
   DisLockTesting,
   DisLockTestingModule,
   InvalidLockOptionsError,
+  type AcquireResult,
   type LockHandle,
   type LockLostEvent,
   LockLostError,
   LockNotAcquiredError,
   LockService,
   MemoryLockStore,
+  type TestHolder,
 } from 'nestjs-dislock';
 import { abortReason, lostReason, settle } from './support/async';
 
@@ -88,6 +90,59 @@ describe('the in-memory store under fake timers (DisLockTestingModule)', () => {
     expect(await locks.tryLock('order:1')).not.toBeNull();
   });
 
+  // The lease safety margin (lib/core/lock-handle.ts, leaseValidUntil): a lease counts as ended
+  // 2 ms + 1 % of it before its end, so that its loss is reported before another owner can take
+  // the lock. On fake time the moments are exact; the windows below are those of the margin
+  // (12 ms of a 1 s lease, 32 ms of a 3 s one): without it every loss comes at the lease's very end.
+
+  it('the lease safety margin: a fixed 1000 ms lease is reported lost at 988 ms, while the store still holds it', async () => {
+    const startedAt = performance.now();
+    const held = await locks.lock('margin', { expire: 1_000 });
+    let lostAfter = Infinity;
+    let holdersAtLoss: TestHolder[] = [];
+    held.signal.addEventListener('abort', () => {
+      lostAfter = performance.now() - startedAt;
+      holdersAtLoss = testing.holders('margin');
+    });
+    await vi.advanceTimersByTimeAsync(985);
+    expect(held.signal.aborted).toBe(false);
+    await vi.advanceTimersByTimeAsync(4); // 989 ms: 1000 - (2 + 10) = 988 is past
+    expect(lostReason(held.signal.reason)).toBe('expired');
+    expect(lostAfter).toBeGreaterThanOrEqual(985);
+    expect(lostAfter).toBeLessThan(989);
+    expect(lost.map((event) => [event.name, event.reason])).toEqual([['margin', 'expired']]);
+    // Reported while the store still has the hold: nobody else could hold the lock yet.
+    expect(holdersAtLoss).toEqual([{ owner: held.owner, exclusive: true, ttl: expect.any(Number) }]);
+    expect(holdersAtLoss[0].ttl).toBeGreaterThan(10);
+    expect(await locks.tryLock('margin')).toBeNull();
+    await vi.advanceTimersByTimeAsync(11); // 1000 ms: the lease itself ends
+    expect(testing.holders('margin')).toEqual([]);
+    expect(await locks.tryLock('margin')).not.toBeNull();
+  });
+
+  it('maxRenewTimes on fake time: exactly that many renewals, then lost when the last lease less the margin ends', async () => {
+    const startedAt = performance.now();
+    const renewedAt: number[] = [];
+    locks.on('renewed', (event) => {
+      if (event.name === 'capped') renewedAt.push(performance.now() - startedAt);
+    });
+    const held = await locks.lock('capped', { lockWatchdogTimeout: 3_000, maxRenewTimes: 2 });
+    // Renewed every 1000 ms: at 1000 and 2000, then no more. The last lease, sent at 2000 ms,
+    // counts until 2000 + 3000 - (2 + 30) = 4968 ms.
+    await vi.advanceTimersByTimeAsync(4_965);
+    expect(renewedAt).toHaveLength(2);
+    expect(renewedAt[0]).toBeGreaterThanOrEqual(999);
+    expect(renewedAt[1]).toBeGreaterThanOrEqual(1_999);
+    expect(renewedAt[1]).toBeLessThan(2_001);
+    expect(held.signal.aborted).toBe(false);
+    await vi.advanceTimersByTimeAsync(4); // 4969 ms
+    expect(lostReason(held.signal.reason)).toBe('max-renewals');
+    expect(testing.holders('capped')).toEqual([{ owner: held.owner, exclusive: true, ttl: expect.any(Number) }]);
+    await vi.advanceTimersByTimeAsync(10_000);
+    expect(renewedAt).toHaveLength(2);
+    expect(testing.holders('capped')).toEqual([]);
+  });
+
   it('a wait ends when the holder lease does, or at waitTime', async () => {
     testing.occupy('sku:1', 3_000);
     const waiting = settle(locks.lock('sku:1', { waitTime: 10_000 }));
@@ -156,6 +211,58 @@ describe('the in-memory store under fake timers (DisLockTestingModule)', () => {
     await (got as { value: LockHandle }).value.release();
     await vi.advanceTimersByTimeAsync(5_000);
     expect(store.entries.size).toBe(0);
+  });
+});
+
+/** The in-memory store, its acquisitions answered `answerAfterMs` late on the fake clock (a slow network). */
+class SlowAnswers extends MemoryLockStore {
+  answerAfterMs = 0;
+
+  override async acquire(...args: Parameters<MemoryLockStore['acquire']>): Promise<AcquireResult> {
+    const result = await super.acquire(...args);
+    await new Promise((resolve) => setTimeout(resolve, this.answerAfterMs));
+    return result;
+  }
+}
+
+describe('an acquisition answered late, under fake timers', () => {
+  let app: INestApplicationContext;
+  let locks: LockService;
+  let testing: DisLockTesting;
+  const store = new SlowAnswers();
+
+  beforeEach(async () => {
+    vi.useFakeTimers();
+    const moduleRef = await Test.createTestingModule({ imports: [DisLockTestingModule.forRoot({ store })] }).compile();
+    app = await moduleRef.init();
+    locks = app.get(LockService);
+    testing = app.get(DisLockTesting);
+  });
+
+  afterEach(async () => {
+    await app.close();
+    vi.useRealTimers();
+  });
+
+  // A lease of 1000 ms counts from the send, less the margin: until 988 ms. An answer that comes
+  // later may come after another owner took the lock; it must be given back, never handed out.
+  it.each([
+    [985, true],
+    [989, false],
+  ])('a 1000 ms lease answered after %i ms: kept %s', async (answerAfterMs, kept) => {
+    store.answerAfterMs = answerAfterMs;
+    const name = `late-${answerAfterMs}`;
+    const taking = locks.tryLock(name, { expire: 1_000 });
+    await vi.advanceTimersByTimeAsync(answerAfterMs);
+    const held = await taking;
+    expect(held !== null, 'a handle was handed out').toBe(kept);
+    if (!kept) {
+      expect(testing.holders(name)).toEqual([]); // given back at once
+      return;
+    }
+    expect(held?.signal.aborted).toBe(false);
+    await vi.advanceTimersByTimeAsync(4); // 989 ms
+    expect(lostReason(held?.signal.reason)).toBe('expired');
   });
 });
 
