@@ -4,6 +4,7 @@
  * applications sharing the store, as two instances of a service share a Redis; a store that drifts
  * from the others fails here. What each store keeps is asserted in its own suites.
  */
+import { randomBytes } from 'node:crypto';
 import { type INestApplicationContext, Logger } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import type { Cluster, Redis } from 'ioredis';
@@ -14,6 +15,7 @@ import {
   type LockLostEvent,
   LockNotAcquiredError,
   LockService,
+  type LockStore,
   LockUpgradeError,
   MemoryLockStore,
 } from 'nestjs-dislock';
@@ -21,6 +23,7 @@ import { abortReason, lostReason, settle } from './support/async';
 import { RedisCluster } from './support/cluster';
 import { RedisServer } from './support/redis-server';
 import { sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
+import { DISLOCK_STORE } from '../lib/module/dislock.internal-constants';
 
 /** A store the suite runs against, and what it needs to look like a real deployment. */
 interface StoreUnderTest {
@@ -117,6 +120,9 @@ describe.each([redisStore, memoryStore, clusterStore, redlockStore].map((make) =
     const lost: LockLostEvent[] = [];
     let a: LockService;
     let b: LockService;
+    /** Each application's store, for the cases that speak to it directly (as LockService does). */
+    let storeA: LockStore;
+    let storeB: LockStore;
     let seq = 0;
     const fresh = (label = 'lock'): string => `${label}-${(seq += 1)}`;
     const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
@@ -139,8 +145,9 @@ describe.each([redisStore, memoryStore, clusterStore, redlockStore].map((make) =
 
     beforeAll(async () => {
       await store.start();
-      a = (await start()).get(LockService);
-      b = (await start()).get(LockService);
+      const [appA, appB] = [await start(), await start()];
+      [a, b] = [appA.get(LockService), appB.get(LockService)];
+      [storeA, storeB] = [appA.get<LockStore>(DISLOCK_STORE), appB.get<LockStore>(DISLOCK_STORE)];
     });
 
     afterAll(async () => {
@@ -165,6 +172,41 @@ describe.each([redisStore, memoryStore, clusterStore, redlockStore].map((make) =
       expect(await next.release()).toBe(false); // owner-safe: the lapsed holder cannot free the new one
       expect(await b.tryLock(name)).toBeNull();
       await after.release();
+    });
+
+    it('store level: a lease that lapsed lets B in; A’s late renewal and check find it gone, B keeps it', async () => {
+      // A store must treat a lease that ended as gone whether or not anything swept it: the
+      // acquisition that lets B in must not leave A's lapsed hold behind for A's renewal to revive.
+      const key = prefix + fresh('lapse');
+      // Takes the lock for a new owner (each attempt its own, as the store asks) as soon as the
+      // store lets it, waiting out the ttl each refusal names. Redlock also refuses a quorum that
+      // came after the lease's validity (a busy machine, a 50 ms lease): then it is asked again.
+      const take = async (store: LockStore, leaseMs: number): Promise<string> => {
+        const deadline = performance.now() + 5_000;
+        for (;;) {
+          const owner = randomBytes(16).toString('hex');
+          const result = await store.acquire(key, owner, leaseMs);
+          if (result.acquired) return owner;
+          if (performance.now() > deadline) throw new Error(`${key} still refused: ${JSON.stringify(result)}`);
+          await sleep(Math.min(Math.max(result.ttl, 1), 50));
+        }
+      };
+      const ownerA = await take(storeA, 50);
+      // A lets its lease lapse (no renewal, nothing else looks at the key meanwhile); B takes it.
+      const ownerB = await take(storeB, 10_000);
+      // A's renewal comes late: not the owner, nothing changed; its check says not held.
+      expect(await storeA.renew([{ key, owner: ownerA, leaseMs: 10_000 }])).toEqual([false]);
+      expect(await storeA.check(key, ownerA)).toMatchObject({ held: false });
+      expect(await storeA.release(key, ownerA)).toBe('not-owner');
+      // B still holds it, alone, with its own lease.
+      const checked = await storeB.check(key, ownerB);
+      expect(checked.held).toBe(true);
+      expect(checked.ttl).toBeGreaterThan(5_000);
+      expect((await storeB.inspect(key)).holds.map((hold) => hold.owner)).toEqual([ownerB]);
+      expect((await b.inspect(key.slice(prefix.length))).holders.map((holder) => holder.owner)).toEqual([ownerB]);
+      expect(await storeB.renew([{ key, owner: ownerB, leaseMs: 10_000 }])).toEqual([true]);
+      expect(await storeB.release(key, ownerB)).toBe('released');
+      expect((await storeA.check(key, ownerB)).held).toBe(false);
     });
 
     it('the watchdog keeps a lock past several leases; stopRenewal lets it lapse', async () => {
