@@ -844,9 +844,21 @@ describe('@DisLock on plain providers', () => {
       expect(await exists(key('wd:1'))).toBe(0);
     });
 
-    it('stops at maxRenewTimes: the key disappears mid-method and the signal aborts with "max-renewals"', async () => {
+    it('stops at maxRenewTimes: exactly two renewals, then the key disappears mid-method and the signal aborts with "max-renewals"', async () => {
       const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
-      const result = await t.get(Leases).capped(1);
+      const seen: string[] = [];
+      const offRenewed = t.locks.on('renewed', (event) => void (event.name === 'wd-max:1' && seen.push(event.type)));
+      const offLost = t.locks.on('lost', (event) => void (event.name === 'wd-max:1' && seen.push(event.type)));
+      const result = await t
+        .get(Leases)
+        .capped(1)
+        .finally(() => {
+          offRenewed();
+          offLost();
+        });
+      // Counted, not timed: two renewals, then the loss, and nothing after it (the method ran on
+      // for a second, several renewal periods).
+      expect(seen).toEqual(['renewed', 'renewed', 'lost']);
       expect(lostReason(result.reason)).toBe('max-renewals');
       expect(result.goneInside).toBe(true);
       // Two renewals (at ~100 and ~200 ms) push the end of the lease past the first 300 ms.

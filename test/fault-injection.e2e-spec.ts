@@ -96,6 +96,37 @@ function expectStrictlyIncreasing(tokens: number[]): void {
   for (let i = 1; i < tokens.length; i += 1) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]);
 }
 
+/**
+ * Counts, by MONITOR on `monitor`, the renewals Redis runs for `key` (renew-script calls naming it
+ * with a lease; a lease of 0 is a check). The script must be loaded (each renewal one EVALSHA).
+ * `synced` sends a marker through `client` and resolves once MONITOR shows it: Redis feeds MONITOR
+ * in the order it runs commands, so every renewal before it has been counted.
+ */
+function countRenewals(monitor: Redis, client: Redis, key: string): { count(): number; synced(): Promise<void> } {
+  const markers = new Map<string, () => void>();
+  let count = 0;
+  monitor.on('monitor', (_time: string, args: string[]) => {
+    const [command, first] = args;
+    const marker = /^echo$/i.test(command) ? markers.get(first) : undefined;
+    if (marker) return marker();
+    if (!/^evalsha$/i.test(command) || first !== RENEW_SCRIPT.sha) return;
+    const keys = args.slice(3, 3 + Number(args[2]));
+    const argv = args.slice(3 + keys.length);
+    keys.forEach((named, i) => {
+      if (named === key && Number(argv[2 * i + 1]) !== 0) count += 1;
+    });
+  });
+  return {
+    count: () => count,
+    synced: async () => {
+      const marker = `dislock-test-sync:${Math.random().toString(36).slice(2)}`;
+      const seen = new Promise<void>((resolve) => markers.set(marker, resolve));
+      await client.echo(marker);
+      await seen;
+    },
+  };
+}
+
 /** Samples `read` every 25 ms for `ms` and returns every distinct value seen (JSON). */
 async function watch(read: () => Promise<unknown>, ms: number): Promise<string[]> {
   const seen = new Set<string>();
@@ -222,6 +253,8 @@ describe('fault injection', () => {
       after?(ctx: { t: TestApp; h: LockHandle; redis: Redis }): Promise<void>;
       /** Whether Redis answers a release afterwards (not while it is stopped: see the it.failing below). */
       canRelease?: false;
+      /** Exactly how many renewals Redis runs for the lock, first to last (counted by MONITOR). */
+      renewals?: number;
     }
 
     const cases: [string, Case][] = [
@@ -280,6 +313,7 @@ describe('fault injection', () => {
           options: { lockWatchdogTimeout: 450, maxRenewTimes: 2 },
           lose: async () => undefined,
           withinMs: 2_000,
+          renewals: 2,
           after: async ({ h, redis }) => {
             expect(await eventually(async () => (await redis.exists(h.key)) === 0, 1_000)).toBe(true);
             expect(about(warn, h.name).some((m) => m.includes('maxRenewTimes'))).toBe(true);
@@ -304,6 +338,11 @@ describe('fault injection', () => {
       const moduleHook = hook();
       const perCall = hook();
       const t = await app({ server, onLockLost: moduleHook });
+      let renewals: ReturnType<typeof countRenewals> | undefined;
+      if (c.renewals !== undefined) {
+        await redis.script('LOAD', RENEW_SCRIPT.source);
+        renewals = countRenewals(track(await redis.monitor()), redis, `${t.prefix}hooked`);
+      }
       const h = await t.locks.lock('hooked', { ...c.options, onLockLost: perCall });
       expect(await redis.hgetall(h.key)).toEqual({ [h.owner]: '1' });
       expect(moduleHook).not.toHaveBeenCalled();
@@ -323,6 +362,11 @@ describe('fault injection', () => {
       expect(perCall).toHaveBeenCalledTimes(1);
       expect(moduleHook).toHaveBeenCalledTimes(1);
       expect(unhandled).toEqual([]);
+      if (renewals) {
+        // Counted, not timed: every command Redis ran up to now has been seen.
+        await renewals.synced();
+        expect(renewals.count()).toBe(c.renewals);
+      }
     });
 
     it('release() of a lock lost to lease-expired resolves false at once while Redis is still down', async () => {

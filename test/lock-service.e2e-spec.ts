@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { Logger } from '@nestjs/common';
 import type { Redis } from 'ioredis';
 import { DisLockError, type LockHandle, LockLostError, LockNotAcquiredError, type LockService } from 'nestjs-dislock';
@@ -19,6 +20,49 @@ async function scanKeys(client: Redis, pattern: string): Promise<string[]> {
     keys.push(...batch);
   } while (cursor !== '0');
   return keys;
+}
+
+/** What MONITOR saw of the renewals of one key (see `followRenewals`). */
+interface RenewalsSeen {
+  /** Renewals Redis ran for the key so far: renew-script calls naming it with a lease (0 is a check). */
+  count(): number;
+  /** Resolves once MONITOR has shown every command Redis ran before this call. */
+  synced(): Promise<void>;
+  stop(): void;
+}
+
+/**
+ * Follows MONITOR (on a connection of its own) for the renewals Redis runs for `key`, each call of
+ * the renew script naming it with a lease. The script is loaded first, so that each renewal is one
+ * EVALSHA (never an EVALSHA refused with NOSCRIPT and then an EVAL). `synced` sends a marker through
+ * `client` and waits for MONITOR to show it: Redis feeds MONITOR in the order it runs commands.
+ */
+async function followRenewals(client: Redis, key: string): Promise<RenewalsSeen> {
+  await client.script('LOAD', RENEW_SCRIPT.source);
+  const monitor = await client.monitor();
+  const markers = new Map<string, () => void>();
+  let count = 0;
+  monitor.on('monitor', (_time: string, args: string[]) => {
+    const [command, first] = args;
+    const marker = /^echo$/i.test(command) ? markers.get(first) : undefined;
+    if (marker) return marker();
+    if (!/^evalsha$/i.test(command) || first !== RENEW_SCRIPT.sha) return;
+    const keys = args.slice(3, 3 + Number(args[2]));
+    const argv = args.slice(3 + keys.length);
+    keys.forEach((named, i) => {
+      if (named === key && Number(argv[2 * i + 1]) !== 0) count += 1;
+    });
+  });
+  return {
+    count: () => count,
+    synced: async () => {
+      const marker = `dislock-test-sync:${randomBytes(8).toString('hex')}`;
+      const seen = new Promise<void>((resolve) => markers.set(marker, resolve));
+      await client.echo(marker);
+      await seen;
+    },
+    stop: () => monitor.disconnect(),
+  };
 }
 
 describe('LockService on a real Redis', () => {
@@ -432,21 +476,36 @@ describe('LockService on a real Redis', () => {
       }
     });
 
-    it('maxRenewTimes caps renewal: a warning, then the signal aborts with max-renewals', async () => {
+    it('maxRenewTimes caps renewal: exactly that many renewals reach Redis, a warning, then the signal aborts with max-renewals', async () => {
       const name = fresh();
       warn.mockClear();
-      const started = performance.now();
-      const h = await locks.lock(name, { lockWatchdogTimeout: 300, maxRenewTimes: 2 });
-      const reason = await abortReason(h.signal, 2_500);
-      const elapsed = performance.now() - started;
-      expect(lostReason(reason)).toBe('max-renewals');
-      expect((reason as LockLostError).lockName).toBe(name);
-      expect(elapsed).toBeGreaterThanOrEqual(450); // 2 renewals (~100 ms apart) + a 300 ms lease
-      expect(elapsed).toBeLessThan(2_000);
-      const messages = warn.mock.calls.map((call) => String(call[0]));
-      expect(messages.some((m) => m.includes(name) && m.includes('maxRenewTimes'))).toBe(true);
-      expect(await eventually(async () => (await redis.exists(key(name))) === 0, 1_000)).toBe(true);
-      expect(await h.release()).toBe(false);
+      const renewals = await followRenewals(redis, key(name));
+      const renewed: number[] = [];
+      const off = locks.on('renewed', (event) => {
+        if (event.name === name) renewed.push(performance.now());
+      });
+      try {
+        const started = performance.now();
+        const h = await locks.lock(name, { lockWatchdogTimeout: 300, maxRenewTimes: 2 });
+        const reason = await abortReason(h.signal, 2_500);
+        const lostAt = performance.now();
+        expect(lostReason(reason)).toBe('max-renewals');
+        expect((reason as LockLostError).lockName).toBe(name);
+        expect(lostAt - started).toBeLessThan(2_000);
+        const messages = warn.mock.calls.map((call) => String(call[0]));
+        expect(messages.some((m) => m.includes(name) && m.includes('maxRenewTimes (2)'))).toBe(true);
+        expect(await eventually(async () => (await redis.exists(key(name))) === 0, 1_000)).toBe(true);
+        expect(await h.release()).toBe(false);
+        // Counted, not timed: two renewals ran in Redis, each one 'renewed' event, both before
+        // the loss; nothing was renewed after (MONITOR has shown everything up to now).
+        await renewals.synced();
+        expect(renewals.count()).toBe(2);
+        expect(renewed).toHaveLength(2);
+        expect(Math.max(...renewed)).toBeLessThan(lostAt);
+      } finally {
+        off();
+        renewals.stop();
+      }
     });
 
     it.each([0, -1])('maxRenewTimes %p renews past 10 intervals', async (maxRenewTimes) => {
