@@ -637,4 +637,56 @@ describe('two holders never (issue 20)', () => {
       expect(await next?.release()).toBe(true);
     });
   });
+
+  describe('after the fixes, an adversarial review found', () => {
+    it('a renewal on its way when lockAtLeastFor cuts the lease cannot lengthen it afterwards', async () => {
+      // The watchdog's renewal R is on its way when the code under the lock ends inside its
+      // lockAtLeastFor: the lease is cut to exactly what is left of that minimum (E). If R runs
+      // after E, R's "at least a full lease" sets the key back to a full lease with no code under
+      // the lock. R can run after E: its EVALSHA answered NOSCRIPT (scripts flushed, or a master that
+      // has not run it yet) goes out again as EVAL after E (and on a Cluster a command re-sent after
+      // a closed connection does the same). Here the NOSCRIPT answer is held 300 ms, and another
+      // client loads the script meanwhile, so that E's EVALSHA runs at once.
+      const { server, redis } = await ownServer();
+      const proxy = await proxyTo(server);
+      const a = await app(proxy.url);
+      proxy.clearLog(); // the startup check ran every script
+      const minimum = 3_000;
+      const handle = await a.locks.lock(NAME, { lockWatchdogTimeout: 6_000, lockAtLeastFor: minimum });
+      const takenAt = performance.now();
+      // The first probe of Redis's data set (500 ms in) checks the lock with the renew script (a
+      // check, lease 0, which lengthens nothing): let it pass first.
+      await eventually(() => proxy.log.some((command) => isScript(RENEW_SCRIPT)(command.argv)), 1_500, 2);
+      await sleep(100);
+      await redis.script('FLUSH'); // the server forgets every script (a restart, a promoted replica)
+      proxy.clearLog();
+      const noscript = proxy.delayReply(isScript(RENEW_SCRIPT), 300);
+      // R goes out at the first renewal (2 s in) and is answered NOSCRIPT, 300 ms late.
+      await eventually(() => proxy.log.some((command) => isScript(RENEW_SCRIPT)(command.argv)), 4_000, 2);
+      expect(performance.now() - takenAt).toBeGreaterThan(1_500); // it is the renewal, not the check
+      await redis.script('LOAD', RENEW_SCRIPT.source);
+
+      await handle.release(); // inside lockAtLeastFor: the lease is cut, not deleted
+      await noscript;
+      const left = Math.max(0, takenAt + minimum - performance.now());
+      // Once R has had time to run again as EVAL: the key must expire at the end of the minimum.
+      await sleep(100);
+      const pttl = await redis.pttl(KEY);
+      expect(pttl, `lockAtLeastFor had ${Math.round(left)} ms left`).toBeLessThanOrEqual(left + 50);
+    });
+
+    it('a holder in the application that force-unlocks its lock is told at once, not at its next renewal', async () => {
+      const { server } = await ownServer();
+      const a = await app(server.url);
+      const held = await a.locks.lock(NAME, LONG); // renewed every 10 s
+      const lost = new Promise<number>((resolve) =>
+        held.signal.addEventListener('abort', () => resolve(performance.now()), { once: true }),
+      );
+      const forcedAt = performance.now();
+      expect((await a.locks.forceUnlock(NAME)).map((holder) => holder.owner)).toEqual([held.owner]);
+      const toldAfter = (await within(lost, 1_000, 'the holder told of the force-unlock')) - forcedAt;
+      expect(lostReason(held.signal.reason)).toBe('not-owner');
+      expect(toldAfter).toBeLessThan(1_000);
+    });
+  });
 });

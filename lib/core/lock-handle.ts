@@ -106,6 +106,12 @@ export class HeldLock implements Scheduled {
   renewDueAt = 0;
   /** The last renewal error, kept to explain a lease that ran out while Redis was unreachable. */
   lastError: unknown;
+  /**
+   * Settles when the watchdog's renewal (or check) on its way for this lock has been answered, or
+   * has failed: a lease cut to an exact end must be set after it, or it could run later and
+   * lengthen that lease again.
+   */
+  renewal: Promise<void> | undefined;
   /** `performance.now()` from which `lockAtLeastFor` counts: when the acquisition was sent. */
   readonly lockedAt: number;
   private abortController: AbortController | undefined;

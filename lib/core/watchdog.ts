@@ -226,9 +226,16 @@ export class Watchdog {
       sending.push(lock);
     }
     if (sending.length === 0) return;
-    const outcomes = await this.store.renew(
+    const answered = this.store.renew(
       sending.map((lock) => ({ key: lock.key, owner: lock.owner, leaseMs: lock.leaseMs, check: !lock.renewing })),
     );
+    const settled = answered.then(
+      () => undefined,
+      () => undefined,
+    );
+    for (const lock of sending) lock.renewal = settled;
+    const outcomes = await answered;
+    for (const lock of sending) if (lock.renewal === settled) lock.renewal = undefined;
     sending.forEach((lock, i) =>
       lock.renewing ? this.renewed(lock, outcomes[i], sentAt) : this.checked(lock, outcomes[i]),
     );

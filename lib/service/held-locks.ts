@@ -86,6 +86,14 @@ export class HeldLocks implements HoldKeeper {
     return undefined;
   }
 
+  /** Report the locks of `key` held here by any of `owners` lost now (their holds were dropped: forceUnlock). */
+  loseOwners(key: string, owners: readonly string[], detail: string): void {
+    const dropped = new Set(owners);
+    for (const lock of [...this.held]) {
+      if (lock.key === key && dropped.has(lock.owner)) this.markLost(lock, 'not-owner', detail);
+    }
+  }
+
   /** Report every lock of `key` held here lost now (for tests: see DisLockTesting); how many there were. */
   loseKey(key: string, detail: string): number {
     const locks = [...this.held].filter((lock) => lock.key === key);
@@ -213,7 +221,7 @@ export class HeldLocks implements HoldKeeper {
           const left = minimumLeft(lock);
           // Within its lockAtLeastFor the lock is not given up early, not even at shutdown.
           if (left > 0) {
-            const outcome = await this.setLease(lock, left, true);
+            const outcome = await this.cutLease(lock, left);
             if (typeof outcome === 'object') throw outcome.error;
           } else {
             await this.store.release(lock.key, lock.owner);
@@ -245,7 +253,7 @@ export class HeldLocks implements HoldKeeper {
    */
   private async holdOn(lock: HeldLock, left: number): Promise<void> {
     this.watchdog.stop(lock); // no renewal may lengthen the lease again
-    const outcome = await this.setLease(lock, left, true);
+    const outcome = await this.cutLease(lock, left);
     if (outcome === false) {
       this.markLost(lock, 'not-owner', 'setting its lease for lockAtLeastFor found it gone or held by another owner');
       return;
@@ -275,6 +283,21 @@ export class HeldLocks implements HoldKeeper {
   private async setLease(lock: HeldLock, leaseMs: number, exact: boolean): Promise<RenewOutcome> {
     const [outcome] = await this.store.renew([{ key: lock.key, owner: lock.owner, leaseMs, exact }]);
     return outcome;
+  }
+
+  /**
+   * Cut the lease of a stopped lock to exactly what is left of its `lockAtLeastFor` (`left` ms,
+   * counted again if it had to wait). Sent once the watchdog's renewal on its way, if any, has been
+   * answered: sent before that, the renewal could still run after it (re-sent by the client after
+   * a lost connection, or as EVAL after a NOSCRIPT) and lengthen the cut lease to a full one, with
+   * no code under the lock.
+   */
+  private async cutLease(lock: HeldLock, left: number): Promise<RenewOutcome> {
+    if (lock.renewal) {
+      await lock.renewal;
+      left = Math.max(1, minimumLeft(lock));
+    }
+    return this.setLease(lock, left, true);
   }
 
   /** Stop renewing and leave the key to expire. */

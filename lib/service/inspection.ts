@@ -138,6 +138,12 @@ export class Operator {
     const holders = removed.map((hold) => holderOf(hold, this.held.holdsOf(key, hold.owner)));
     const who = holders.length === 0 ? 'it was free' : `removed ${holders.map(describeHolder).join('; ')}`;
     this.logger.warn(`Lock "${name}" force-unlocked: ${who}`);
+    // A holder in this application is told now; others find out at their next renewal or check.
+    this.held.loseOwners(
+      key,
+      removed.map((hold) => hold.owner),
+      'an operator force-unlocked it (LockService.forceUnlock in this application)',
+    );
     return holders;
   }
 }
