@@ -13,6 +13,7 @@ import {
   shareOf,
 } from '../module/dislock.options';
 import type { LockStore } from '../store/lock-store.interface';
+import { SlotMigratingError } from '../store/store-errors';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
 import type { ShutdownGate } from './shutdown-gate';
@@ -20,6 +21,9 @@ import type { Attempter, WaitLine } from './wait-line';
 import type { LineSeat } from './wait-queue';
 
 const now = (): number => performance.now();
+
+/** A waiter whose attempt met a Cluster slot migrating for a whole operationTimeout looks again this much later. */
+const MIGRATING_LOOK_MS = 100;
 
 function leaseOf(options: ResolvedLockOptions): number {
   return options.expire > 0 ? options.expire : options.lockWatchdogTimeout;
@@ -183,7 +187,7 @@ export class Acquisition implements Attempter {
     // from under waiters that came first.
     if (!this.line.hasWaiters(key)) {
       const place = this.line.newSeat(shareOf(options) !== undefined);
-      const first = await this.attempt(name, key, options, keepOnShutdown, place);
+      const first = await this.attempt(name, key, options, keepOnShutdown, place, deadline);
       if (first instanceof Handle) return first;
       place.inLine = true;
       if (deadline - now() <= 0 || cancel?.aborted) {
@@ -248,6 +252,7 @@ export class Acquisition implements Attempter {
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
     seat?: LineSeat,
+    until?: number,
   ): Promise<Handle | number> {
     const owner = this.ownerIds.next();
     const lease = leaseOf(options);
@@ -259,8 +264,14 @@ export class Acquisition implements Attempter {
         share: shareOf(options),
         describe: this.describe(options),
         describeForMs: holdLimitOf(options),
+        retryUntil: until,
       });
     } catch (error) {
+      // The lock's Cluster slot was migrating for the whole operationTimeout (nothing ran): a
+      // waiter with time left goes on waiting, and looks again shortly.
+      if (error instanceof SlotMigratingError && until !== undefined && now() + MIGRATING_LOOK_MS < until) {
+        return MIGRATING_LOOK_MS;
+      }
       throw redisFailed('acquire', name, error);
     }
     if (!result.acquired) {

@@ -26,6 +26,7 @@ export interface Attempter {
   /**
    * One fresh attempt: the handle, or the holder's remaining lease in ms when the lock is busy.
    * With the line's `seat`, it keeps the line's place in the store's line, or takes up a grant to it.
+   * An attempt the store cannot run yet (a Cluster slot migrating) is sent again until `until`.
    */
   attempt(
     name: string,
@@ -33,6 +34,7 @@ export interface Attempter {
     options: ResolvedLockOptions,
     keepOnShutdown: boolean,
     seat?: LineSeat,
+    until?: number,
   ): Promise<Handle | number>;
 }
 
@@ -142,7 +144,7 @@ export class WaitLine {
         // store's line) wakes it as any release does: this attempt takes the grant up, and the
         // hold starts on its reply, with the caller's own lease.
         if (tryNow) {
-          const result = await taker.attempt(name, key, options, keepOnShutdown, seat);
+          const result = await taker.attempt(name, key, options, keepOnShutdown, seat, deadline);
           // A fresh attempt that did not take the lock holds (or renewed) a place in the line.
           seat.inLine = !(result instanceof Handle);
           if (result instanceof Handle) return holdingNow(result);

@@ -66,6 +66,12 @@ export interface AcquireOptions {
   /** A description of the holder (JSON), kept with the hold for `inspect`, for `describeForMs` at least. */
   readonly describe?: string;
   readonly describeForMs?: number;
+  /**
+   * A `performance.now()` time until which an attempt the store could not run, because the lock's
+   * place is moving (a Cluster slot migrating), is sent again; never past `operationTimeout`.
+   * Unset: until `operationTimeout`.
+   */
+  readonly retryUntil?: number;
 }
 
 /** One hold of a lock, as `inspect` finds it in the store. */

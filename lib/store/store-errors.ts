@@ -36,3 +36,25 @@ export class ReplicaShortfallError extends Error {
     this.name = 'ReplicaShortfallError';
   }
 }
+
+/**
+ * A Redis Cluster kept refusing a lock operation because the lock's hash slot was migrating
+ * between masters (`TRYAGAIN`: the lock's keys were split between the two, and the script did not
+ * run) for as long as the operation could wait. Nothing was changed. `LockService` turns it into a
+ * `RedisUnavailableError` that says so; Redis's own refusal is its `cause`.
+ */
+export class SlotMigratingError extends Error {
+  constructor(
+    /** The hash slot that was migrating. */
+    readonly slot: number,
+    cause: unknown,
+  ) {
+    super(
+      `Redis Cluster hash slot ${slot} was migrating between masters (TRYAGAIN) for as long as the operation could wait`,
+      {
+        cause,
+      },
+    );
+    this.name = 'SlotMigratingError';
+  }
+}

@@ -72,6 +72,20 @@ export function fenceKeyFor(keyPrefix: string, lockKey: string): string {
   return `${keyPrefix}${FENCE_MARKER}{${slotTag(keySlot(lockKey))}}`;
 }
 
+/**
+ * A key in `lockKey`'s slot that is never written: every script that changes a lock declares it on
+ * a Cluster (see `RedisLockStore.lineScriptKeys`). While the slot migrates between two masters, its
+ * keys may be split between them, and a script that changed one key and then reached one that had
+ * moved would fail halfway (`Script attempted to access a non local key`). Redis refuses a command
+ * that names a key missing from a migrating or importing slot with `TRYAGAIN` before it runs (or
+ * `ASK`, and then `TRYAGAIN` on the importing side), and this key is always missing: so such a
+ * script never runs while its slot is open, and either runs whole or changes nothing. Reads (check,
+ * inspect) and renewals do not declare it: they keep working while the lock's keys are on one side.
+ */
+export function slotGuardFor(keyPrefix: string, lockKey: string): string {
+  return `${keyPrefix}${FENCE_MARKER}{${slotTag(keySlot(lockKey))}}:absent`;
+}
+
 /** The marker in the names of a lock's line keys. Lock names may not start with it. */
 export const LINE_MARKER = '#line:';
 

@@ -12,7 +12,16 @@ import { CHECK_SCRIPT } from './scripts/check.script';
 import { LEAVE_SCRIPT } from './scripts/leave.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
 import { RENEW_SCRIPT } from './scripts/renew.script';
-import { FENCE_MARKER, fenceKeyFor, infoKeyFor, keySlot, LINE_MARKER, lineKeysFor, slotTag } from './fence-key';
+import {
+  FENCE_MARKER,
+  fenceKeyFor,
+  infoKeyFor,
+  keySlot,
+  LINE_MARKER,
+  lineKeysFor,
+  slotGuardFor,
+  slotTag,
+} from './fence-key';
 import { EPOCH_SCRIPT } from './scripts/epoch.script';
 import { FORCE_UNLOCK_SCRIPT } from './scripts/force-unlock.script';
 import { INSPECT_SCRIPT } from './scripts/inspect.script';
@@ -35,7 +44,7 @@ import { ReleaseEchoes } from './release-echoes';
 import type { ReplicaAck } from './replica-ack';
 import { ReleaseSubscriber } from './release-subscriber';
 import { giveBackHold } from '../give-back';
-import { StoreTimeoutError } from '../store-errors';
+import { SlotMigratingError, StoreTimeoutError } from '../store-errors';
 
 const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
   0: 'not-owner',
@@ -82,6 +91,19 @@ const isNoScript = (reply: unknown): boolean => reply instanceof Error && reply.
 
 const isRedirection = (reply: unknown): boolean => reply instanceof Error && /^(MOVED|ASK) /.test(reply.message);
 
+/**
+ * A Cluster's refusal of a command whose slot is migrating, or ioredis giving up after following
+ * its redirections (16 by default, 100 ms apart on TRYAGAIN): either way the command did not run.
+ */
+const isSlotMigrating = (reply: unknown): boolean =>
+  reply instanceof Error &&
+  (/^TRYAGAIN /.test(reply.message) ||
+    /^Too many Cluster redirections\. Last error: (ReplyError: )?(TRYAGAIN|ASK|MOVED) /.test(reply.message));
+
+/** A script refused because its slot is migrating goes again after this long, doubling up to MIGRATING_RETRY_MAX_MS. */
+const MIGRATING_RETRY_MS = 50;
+const MIGRATING_RETRY_MAX_MS = 400;
+
 /** One script call: the keys and arguments, and the indexes of the requests they serve. */
 interface ScriptCall {
   readonly indexes: readonly number[];
@@ -93,6 +115,13 @@ interface ScriptCall {
 interface Deadline {
   readonly at: number;
   readonly reject: (error: Error) => void;
+  /** Why it is late, when the operation knows better than "Redis did not answer" (see `send`). */
+  readonly late?: () => Error | undefined;
+}
+
+/** What an operation sent again while its slot was migrating last heard (see `send`). */
+interface Migration {
+  error?: SlotMigratingError;
 }
 
 /**
@@ -170,8 +199,9 @@ export class RedisLockStore implements LockStore {
 
   async acquire(key: string, owner: string, leaseMs: number, options: AcquireOptions = {}): Promise<AcquireResult> {
     const { waiter, share, describe } = options;
-    const pending = (share === undefined ? ACQUIRE_SCRIPT : ACQUIRE_SHARED_SCRIPT).run(
-      this.client,
+    const migration: Migration = {};
+    const pending = this.send(
+      share === undefined ? ACQUIRE_SCRIPT : ACQUIRE_SHARED_SCRIPT,
       this.lineScriptKeys(key),
       [
         owner,
@@ -185,10 +215,12 @@ export class RedisLockStore implements LockStore {
         Math.max(leaseMs, PLACE_MS, options.describeForMs ?? 0),
         GRANT_MS,
       ],
+      migration,
+      options.retryUntil,
     );
     let reply: unknown;
     try {
-      reply = await this.bounded(pending);
+      reply = await this.bounded(pending, () => migration.error);
     } catch (error) {
       // No answer in time, the client's own commandTimeout, a connection closed in flight: the
       // script may have run, or may still run. Whatever the error, give the hold back.
@@ -411,7 +443,8 @@ export class RedisLockStore implements LockStore {
 
   /**
    * The lock key, its slot's fencing counter, its line's two keys and its info hash, for the
-   * scripts that take, hand on or give up a lock.
+   * scripts that take, hand on or give up a lock; on a Cluster also its slot's guard (see
+   * `slotGuardFor`), so that they never run while the slot migrates.
    */
   private lineScriptKeys(key: string): string[] {
     const slotKey = this.clientPrefix + key;
@@ -420,6 +453,7 @@ export class RedisLockStore implements LockStore {
       fenceKeyFor(this.keyPrefix, slotKey),
       ...lineKeysFor(this.keyPrefix, slotKey, key),
       infoKeyFor(this.keyPrefix, slotKey, key),
+      ...(this.cluster ? [slotGuardFor(this.keyPrefix, slotKey)] : []),
     ];
   }
 
@@ -516,9 +550,10 @@ export class RedisLockStore implements LockStore {
     // A pipeline over several slots does not follow redirections (ioredis 6): after a failover or
     // a resharding its calls come back MOVED until the slot map is refreshed. Refresh it, and send
     // those calls on their own, which the client redirects.
-    const moved = calls.flatMap((_, i) => (isRedirection(replies[i]) ? [i] : []));
+    // A call refused while its slot migrates goes again on its own too, waiting for the slot.
+    const moved = calls.flatMap((_, i) => (isRedirection(replies[i]) || isSlotMigrating(replies[i]) ? [i] : []));
     if (moved.length === 0) return replies;
-    (this.client as Cluster).refreshSlotsCache();
+    if (moved.some((i) => isRedirection(replies[i]))) (this.client as Cluster).refreshSlotsCache();
     await Promise.all(
       moved.map(async (i) => {
         replies[i] = await this.run(script, calls[i].keys, calls[i].args).catch(asError);
@@ -546,7 +581,36 @@ export class RedisLockStore implements LockStore {
   }
 
   private run(script: LuaScript, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
-    return this.bounded(script.run(this.client, keys, args));
+    const migration: Migration = {};
+    return this.bounded(this.send(script, keys, args, migration), () => migration.error);
+  }
+
+  /**
+   * `script` on the client; on a Cluster, sent again while Redis refuses it because its slot is
+   * migrating (TRYAGAIN: the script did not run, see `slotGuardFor`), 50 ms later, then doubling up
+   * to 400 ms, until `until` (a `performance.now()` time) or `operationTimeout` from now, whichever
+   * comes first; then it fails with `SlotMigratingError` (also noted in `migration`, for a timeout
+   * meanwhile to say so). Not bounded itself: see `bounded`.
+   */
+  private async send(
+    script: LuaScript,
+    keys: readonly string[],
+    args: readonly (string | number)[],
+    migration: Migration,
+    until = Infinity,
+  ): Promise<unknown> {
+    if (!this.cluster) return script.run(this.client, keys, args);
+    const end = Math.min(until, performance.now() + this.operationTimeout);
+    for (let delay = MIGRATING_RETRY_MS; ; delay = Math.min(delay * 2, MIGRATING_RETRY_MAX_MS)) {
+      try {
+        return await script.run(this.client, keys, args);
+      } catch (error) {
+        if (!isSlotMigrating(error)) throw error;
+        migration.error = new SlotMigratingError(keySlot(this.clientPrefix + keys[0]), error);
+        if (this.closed || performance.now() + delay >= end) throw migration.error;
+        await new Promise((resolve) => setTimeout(resolve, delay));
+      }
+    }
   }
 
   /**
@@ -555,9 +619,9 @@ export class RedisLockStore implements LockStore {
    * of a timer set and cleared per command on the hot path; a timeout is noticed at most a tenth
    * of `operationTimeout` late.
    */
-  private bounded<T>(operation: Promise<T>): Promise<T> {
+  private bounded<T>(operation: Promise<T>, late?: () => Error | undefined): Promise<T> {
     return new Promise<T>((resolve, reject) => {
-      const entry: Deadline = { at: performance.now() + this.operationTimeout, reject };
+      const entry: Deadline = { at: performance.now() + this.operationTimeout, reject, late };
       this.deadlines.add(entry);
       if (!this.sweepTimer) {
         // Made in the store's own async context, not in that of the call that happens to start it.
@@ -596,7 +660,7 @@ export class RedisLockStore implements LockStore {
     for (const entry of this.deadlines) {
       if (entry.at > at) continue;
       this.deadlines.delete(entry);
-      entry.reject(new StoreTimeoutError(this.operationTimeout, this.connectionError));
+      entry.reject(entry.late?.() ?? new StoreTimeoutError(this.operationTimeout, this.connectionError));
     }
   }
 }
