@@ -12,7 +12,7 @@
  *     it again. The proxy's log shows both runs, on two connections;
  *  3. checks that Redis ends where ONE run leaves it. The yardstick is a control: the same setup on a
  *     fresh key, the same call run once with no fault. Compared: the holds (their kinds and lease ends),
- *     the line in order and its deadlines, the descriptions in the info hash, the grants; and, on the
+ *     the line in order and its deadlines, the holders' descriptions (`=<owner>` fields of the lock hash), the grants; and, on the
  *     key run twice, that the re-sent copy changed nothing the first run had left (a snapshot taken
  *     between the two runs, before the re-sent copy can reach Redis). And the caller's answer must be
  *     the one a single run gives.
@@ -35,7 +35,7 @@
 import { Logger } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import type { DisLockModuleOptions, LockHandle } from 'nestjs-dislock';
-import { fenceKeyFor, infoKeyFor, lineKeysFor } from '../lib/store/redis/fence-key';
+import { fenceKeyFor, lineKeysFor } from '../lib/store/redis/fence-key';
 import { GRANT_MS, RedisLockStore } from '../lib/store/redis/redis-lock.store';
 import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
@@ -91,21 +91,20 @@ const LEASE = {
   attempt: 30_000,
 } as const;
 
-/** The five keys a lock's scripts touch (the store's `lineScriptKeys`, on a client without a keyPrefix). */
+/** The four keys a lock's scripts touch (the store's `lineScriptKeys`, on one server without a keyPrefix). */
 interface LockKeys {
   readonly lock: string;
   readonly fence: string;
   readonly line: string;
   readonly deadlines: string;
-  readonly info: string;
 }
 
 function keysOf(prefix: string, lock: string): LockKeys {
   const [line, deadlines] = lineKeysFor(prefix, lock, lock);
-  return { lock, fence: fenceKeyFor(prefix, lock), line, deadlines, info: infoKeyFor(prefix, lock, lock) };
+  return { lock, fence: fenceKeyFor(prefix, lock), line, deadlines };
 }
 
-const listOf = (k: LockKeys): string[] => [k.lock, k.fence, k.line, k.deadlines, k.info];
+const listOf = (k: LockKeys): string[] => [k.lock, k.fence, k.line, k.deadlines];
 
 /** Everything the scripts keep for one lock, read in one go (a script: nothing runs in between). */
 const SNAPSHOT_SCRIPT = new LuaScript(
@@ -120,7 +119,6 @@ return {
   kind == 'hash' and redis.call('hgetall', KEYS[1]) or {},
   redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES'),
   redis.call('zrange', KEYS[4], 0, -1, 'WITHSCORES'),
-  redis.call('hgetall', KEYS[5]),
   redis.call('get', KEYS[2]) or '',
 }
 `,
@@ -152,17 +150,11 @@ const OLD_FORCE_UNLOCK_SCRIPT = new LuaScript(
   `
 local key, fence, line, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local message, sharded, grant = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if redis.call('type', key).ok ~= 'hash' then return {{}, {}} end
-local removed, described = redis.call('hgetall', key), {}
+if redis.call('type', key).ok ~= 'hash' then return {} end
+local removed = redis.call('hgetall', key)
 redis.call('del', key)
-for i = 1, #removed, 2 do
-  local owner = removed[i]
-  local waiter = string.match(owner, '^([^:]+):')
-  described[#described + 1] = redis.call('hget', KEYS[5], owner) or (waiter and redis.call('hget', KEYS[5], waiter)) or ''
-  redis.call('hdel', KEYS[5], owner)
-end
 ${HAND_ON_LUA}
-return {removed, described}
+return removed
 `,
 );
 
@@ -348,26 +340,29 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
   }
 
   async function snapshot(k: LockKeys): Promise<Snapshot> {
-    const [at, type, pttl, hash, line, deadlines, info, fence] = (await SNAPSHOT_SCRIPT.run(redis, listOf(k), [])) as [
+    const [at, type, pttl, fields, line, deadlines, fence] = (await SNAPSHOT_SCRIPT.run(redis, listOf(k), [])) as [
       string,
       string,
       number,
       string[],
       string[],
       string[],
-      string[],
       string,
     ];
     const order = pairsOf(line);
+    // A holder's description is the lock hash's field `=<owner>`, beside its hold.
+    const all = [...pairsOf(fields)];
+    const hash = new Map(all.filter(([field]) => !field.startsWith('=')));
+    const info = new Map(all.flatMap(([field, entry]) => (field.startsWith('=') ? [[field.slice(1), entry]] : [])));
     return {
       at: Number(at),
       type,
       pttl,
-      hash: pairsOf(hash),
+      hash,
       line: [...order.keys()],
       arrivals: order,
       deadlines: new Map([...pairsOf(deadlines)].map(([waiter, lapses]) => [waiter, Number(lapses)])),
-      info: pairsOf(info),
+      info,
       fence: fence === '' ? 0 : Number(fence),
     };
   }
@@ -915,7 +910,7 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       });
       expect(fields(p.after)).toEqual({ oA: '1' });
       expect(p.after.line).toEqual(['w1', 'w3']);
-      expect([...p.after.info.keys()].sort()).toEqual(['oA', 'w1', 'w3']);
+      expect([...p.after.info.keys()].sort()).toEqual(['oA']);
     });
 
     it('the head of a held lock: the next is named to look once', async () => {
@@ -1193,7 +1188,8 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       });
       expect(p.twice.holds).toHaveLength(1);
       expect(p.twice.holds[0]).toMatchObject({ owner: `w1:${grantOf(p.before, 'w1')}`, granted: true });
-      expect(p.twice.holds[0].recorded?.description).toBe(described('w1'));
+      // Waiters write nothing but their place: a grant is described once its waiter takes it up.
+      expect(p.twice.holds[0].recorded).toBeUndefined();
       expectSameInspection(p.twice, p.once);
     });
   });
@@ -1254,6 +1250,7 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
         ),
       );
       await waitFor(async () => (await snapshot(k)).line.length === 1, 5_000, 'Y in the line');
+      const roleOfWaiter = new Map([[(await snapshot(k)).line[0], 'Y']]);
       const zDone = settle(
         z.locks.withLock(
           name,
@@ -1266,6 +1263,7 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
         ),
       );
       await waitFor(async () => (await snapshot(k)).line.length === 2, 5_000, 'Z in the line');
+      roleOfWaiter.set((await snapshot(k)).line[1], 'Z');
 
       const yTakesItUp = async (): Promise<void> => void (await waitFor(async () => yInside, 5_000, 'Y inside'));
       const script = unlock === 'library' ? FORCE_UNLOCK_SCRIPT : OLD_FORCE_UNLOCK_SCRIPT;
@@ -1292,11 +1290,8 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
         [yLock.owner, 'Y'],
       ]);
       if (zInside) roleOfOwner.set((await zIn.promise).owner, 'Z');
-      const labelOf = (field: string): string => {
-        const entry = s.info.get(field);
-        const label = entry && (JSON.parse(entry.split('|').slice(2).join('|')) as { label?: string }).label;
-        return label ?? `? ${field}`;
-      };
+      // A waiter (in the line, or granted the lock as `<waiter>:<token>`) by the place it took.
+      const labelOf = (field: string): string => roleOfWaiter.get(field.replace(GRANT_FIELD, '$1')) ?? `? ${field}`;
       const outcome: Outcome = {
         removed: removed.map((owner) => roleOfOwner.get(owner) ?? `? ${owner}`),
         holds: Object.fromEntries(

@@ -7,7 +7,6 @@ import type { LockEvents, LockEventSubject } from '../events/lock-events';
 import { hostname } from 'node:os';
 import {
   eventSubjectOf,
-  holdLimitOf,
   type ResolvedLockOptions,
   type ResolvedModuleOptions,
   shareOf,
@@ -263,7 +262,6 @@ export class Acquisition implements Attempter {
         waiter: seat?.id,
         share: shareOf(options),
         describe: this.describe(options),
-        describeForMs: holdLimitOf(options),
         retryUntil: until,
       });
     } catch (error) {

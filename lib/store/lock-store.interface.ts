@@ -63,9 +63,8 @@ export interface AcquireOptions {
    * (0: any number) and no exclusive one have the key; unset: an exclusive hold.
    */
   readonly share?: number;
-  /** A description of the holder (JSON), kept with the hold for `inspect`, for `describeForMs` at least. */
+  /** A description of the holder (JSON), kept with the hold for `inspect`, and gone with it. */
   readonly describe?: string;
-  readonly describeForMs?: number;
   /**
    * A `performance.now()` time until which an attempt the store could not run, because the lock's
    * place is moving (a Cluster slot migrating), is sent again; never past `operationTimeout`.

@@ -97,11 +97,3 @@ export function lineKeysFor(keyPrefix: string, slotKey: string, lockKey: string)
   const tagged = `${keyPrefix}${LINE_MARKER}{${slotTag(keySlot(slotKey))}}`;
   return [`${tagged}q:${lockKey}`, `${tagged}t:${lockKey}`];
 }
-
-/**
- * The hash that describes `lockKey`'s holders and waiters (for `inspect`), in its slot: one field
- * per owner or waiter id, `<since ms>|<fencing token>|<JSON of host, pid, app, label, caller>`.
- */
-export function infoKeyFor(keyPrefix: string, slotKey: string, lockKey: string): string {
-  return `${keyPrefix}${LINE_MARKER}{${slotTag(keySlot(slotKey))}}i:${lockKey}`;
-}

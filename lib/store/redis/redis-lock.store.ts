@@ -12,19 +12,11 @@ import { CHECK_SCRIPT } from './scripts/check.script';
 import { LEAVE_SCRIPT } from './scripts/leave.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
 import { RENEW_SCRIPT } from './scripts/renew.script';
-import {
-  FENCE_MARKER,
-  fenceKeyFor,
-  infoKeyFor,
-  keySlot,
-  LINE_MARKER,
-  lineKeysFor,
-  slotGuardFor,
-  slotTag,
-} from './fence-key';
+import { FENCE_MARKER, fenceKeyFor, keySlot, LINE_MARKER, lineKeysFor, slotGuardFor, slotTag } from './fence-key';
 import { EPOCH_SCRIPT } from './scripts/epoch.script';
 import { FORCE_UNLOCK_SCRIPT } from './scripts/force-unlock.script';
 import { INSPECT_SCRIPT } from './scripts/inspect.script';
+import { DESCRIPTION_MARK } from './scripts/line.lua';
 import type {
   AcquireOptions,
   AcquireResult,
@@ -74,7 +66,7 @@ function pairs(flat: readonly string[]): Map<string, string> {
   return map;
 }
 
-/** An info hash entry (`<since>|<token>|<description>`) as `StoredHold.recorded`. */
+/** A holder's description (`<since>|<token>|<description>`, see DESCRIPTION_MARK) as `StoredHold.recorded`. */
 function parseRecord(entry: string | undefined): StoredHold['recorded'] {
   if (!entry) return undefined;
   const [since, token, ...rest] = entry.split('|');
@@ -212,7 +204,6 @@ export class RedisLockStore implements LockStore {
         this.lineNotice,
         share ?? GRANT_MS,
         describe ?? '',
-        Math.max(leaseMs, PLACE_MS, options.describeForMs ?? 0),
         GRANT_MS,
       ],
       migration,
@@ -364,26 +355,30 @@ export class RedisLockStore implements LockStore {
   }
 
   async inspect(key: string): Promise<StoredLock> {
-    const [, , line, , info] = this.lineScriptKeys(key);
-    const [type, pttl, fields, described, waiting, serverMs] = (await this.run(
-      INSPECT_SCRIPT,
-      [key, info, line],
-      [],
-    )) as [string, number, string[], string[], number, string];
-    const descriptions = pairs(described);
+    const [, , line] = this.lineScriptKeys(key);
+    const [type, pttl, fields, waiting, serverMs] = (await this.run(INSPECT_SCRIPT, [key, line], [])) as [
+      string,
+      number,
+      string[],
+      number,
+      string,
+    ];
     const now = Number(serverMs);
-    const holds = [...pairs(fields)].map(([owner, value]): StoredHold => {
+    const descriptions = new Map<string, string>();
+    const holdFields: [string, string][] = [];
+    for (const [field, value] of pairs(fields)) {
+      if (field.startsWith(DESCRIPTION_MARK)) descriptions.set(field.slice(DESCRIPTION_MARK.length), value);
+      else holdFields.push([field, value]);
+    }
+    const holds = holdFields.map(([owner, value]): StoredHold => {
       const ends = Number(value);
       const exclusive = ends <= 1;
-      // A grant not taken up yet (`<waiter>:<token>`) is described by its waiter, and carries its token.
-      const grant = /^([^:]+):(\d+)$/.exec(owner);
-      const recorded = parseRecord(descriptions.get(owner) ?? (grant ? descriptions.get(grant[1]) : undefined));
       return {
         owner,
         exclusive,
         ttl: exclusive ? pttl : ends - now,
         granted: value === '0',
-        recorded: grant && recorded ? { ...recorded, fencingToken: Number(grant[2]) } : recorded,
+        recorded: parseRecord(descriptions.get(owner)),
       };
     });
     const live = holds.filter((hold) => hold.exclusive || hold.ttl > 0);
@@ -442,8 +437,8 @@ export class RedisLockStore implements LockStore {
   }
 
   /**
-   * The lock key, its slot's fencing counter, its line's two keys and its info hash, for the
-   * scripts that take, hand on or give up a lock; on a Cluster also its slot's guard (see
+   * The lock key, its slot's fencing counter and its line's two keys, for the scripts that take,
+   * hand on or give up a lock; on a Cluster also its slot's guard (see
    * `slotGuardFor`), so that they never run while the slot migrates.
    */
   private lineScriptKeys(key: string): string[] {
@@ -452,7 +447,6 @@ export class RedisLockStore implements LockStore {
       key,
       fenceKeyFor(this.keyPrefix, slotKey),
       ...lineKeysFor(this.keyPrefix, slotKey, key),
-      infoKeyFor(this.keyPrefix, slotKey, key),
       ...(this.cluster ? [slotGuardFor(this.keyPrefix, slotKey)] : []),
     ];
   }

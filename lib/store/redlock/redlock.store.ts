@@ -108,7 +108,6 @@ export class RedlockStore implements LockStore {
     const nodeOptions: AcquireOptions = {
       share: options.share,
       describe: options.describe,
-      describeForMs: options.describeForMs,
     };
     const startedAt = now();
     const drift = leaseMs * this.driftFactor + 2;

@@ -1,10 +1,10 @@
 import {
   DROP_LAPSED_LUA,
+  HOLD_LUA,
   LINE_HEAD_LUA,
   NEXT_TOKEN_LUA,
   PUBLISH_LUA,
   RAISE_UNLESS_WRONGTYPE_LUA,
-  RECORD_LUA,
   TAKE_PLACE_LUA,
 } from './line.lua';
 import { LuaScript } from './lua-script';
@@ -26,8 +26,9 @@ import { LuaScript } from './lua-script';
  * ARGV[6]  the message to announce with (the store's id), see below
  * ARGV[7]  the most shared holds the caller allows at once: a semaphore's permits; 0, no bound
  *          (readers)
- * KEYS[5]  optional: the lock's info hash, ARGV[8] and ARGV[9] as in acquire.script.ts
- * ARGV[10] ms a head named to look has to do so before its place lapses (see HEAD_TURN_LUA)
+ * ARGV[8]  what to describe the holder with, as in acquire.script.ts
+ * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
+ * ARGV[9]  ms a head named to look has to do so before its place lapses (see HEAD_TURN_LUA)
  *
  * Returns {1, token} when taken; {0, pttl} when an exclusive hold (a writer) has the key, or a key
  * of another type, pttl its remaining lease; {0, ms} when ARGV[7] shared holds have it, ms until
@@ -55,16 +56,13 @@ export const ACQUIRE_SHARED_SCRIPT = new LuaScript(
   `
 local key, fence, owner, waiter = KEYS[1], KEYS[2], ARGV[1], ARGV[3]
 local line, deadlines = KEYS[3], KEYS[4]
-local lease, limit, grant = tonumber(ARGV[2]), tonumber(ARGV[7]), tonumber(ARGV[10])
+local lease, limit, grant = tonumber(ARGV[2]), tonumber(ARGV[7]), tonumber(ARGV[9])
 local now = redis.call('time')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 ${TAKE_PLACE_LUA}
-${RECORD_LUA(8)}
+${HOLD_LUA(8)}
 local function busy(ttl, turn)
-  if waiter ~= '' then
-    take_place()
-    record(waiter, '')
-  end
+  if waiter ~= '' then take_place() end
   return {0, ttl, turn}
 end
 -- pcall: a key of another type answers WRONGTYPE, which means held by someone else
@@ -74,12 +72,15 @@ if not holders then return busy(redis.call('pttl', key)) end
 local live, soonest, latest, lapsed, granted, again = 0, math.huge, 0, {}, false, false
 for i = 1, #holders, 2 do
   local field, ends = holders[i], tonumber(holders[i + 1])
-  if ends == 0 and waiter ~= '' and string.sub(field, 1, #waiter + 1) == waiter .. ':' then
+  if string.sub(field, 1, 1) == '=' then
+    -- a holder's description (see DESCRIPTION_MARK), not a hold
+  elseif ends == 0 and waiter ~= '' and string.sub(field, 1, #waiter + 1) == waiter .. ':' then
     granted = field
   elseif ends <= 1 then
     return busy(redis.call('pttl', key))
   elseif ends <= ms then
     lapsed[#lapsed + 1] = field
+    lapsed[#lapsed + 1] = '=' .. field
   else
     -- a copy of this very call, re-sent after a lost reply, took it already
     if field == owner then again = true else live = live + 1 end
@@ -96,19 +97,14 @@ if not again and not granted then
   end
 end
 if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
-if granted then
-  redis.call('hdel', key, granted)
-  forget(granted)
-end
+if granted then redis.call('hdel', key, granted) end
 ${NEXT_TOKEN_LUA}
 local ends = ms + lease
-redis.call('hset', key, owner, ends)
+hold(owner, ends, string.format('%.0f', token))
 if ends > latest then redis.call('pexpire', key, lease) end
 if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then
   redis.call('zrem', deadlines, waiter)
 end
-if waiter ~= '' then forget(waiter) end
-record(owner, string.format('%.0f', token))
 -- A waiter that took a hold (from the head of the line, or by taking up a grant, which had
 -- already taken it out of the line) leaves room behind it: the next in line looks at once.
 if waiter ~= '' and (limit == 0 or live + 1 < limit) and redis.call('exists', line) == 1 then

@@ -1,4 +1,4 @@
-import { DROP_LAPSED_LUA, FIND_GRANT_LUA, GRANT_LUA, NEXT_TOKEN_LUA, RECORD_LUA, TAKE_PLACE_LUA } from './line.lua';
+import { DROP_LAPSED_LUA, FIND_GRANT_LUA, GRANT_LUA, HOLD_LUA, NEXT_TOKEN_LUA, TAKE_PLACE_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -16,8 +16,9 @@ import { LuaScript } from './lua-script';
  * ARGV[5]  '1' on a Cluster: announce with SPUBLISH (see release.script.ts)
  * ARGV[6]  the message to announce a grant with (the store's id), see below
  * ARGV[7]  ms a grant to the head of the line lasts before the head takes it up (line.lua.ts)
- * KEYS[5]  optional: the lock's info hash (see `infoKeyFor`), ARGV[8] what to record there of the
- *          holder or waiter (its host, pid, application, caller), ARGV[9] how long to keep it
+ * ARGV[8]  what to describe the holder with, for `inspect` (its host, pid, application, caller),
+ *          kept in the lock hash beside its hold (see DESCRIPTION_MARK); '' for nothing
+ * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
  *
  * Returns {1, token} when taken, {0, pttl} when another owner holds it (pttl -1: the key has no
  * expiry; a key of another type counts as held by someone else), and {0, -3, turn} when it is free
@@ -49,23 +50,19 @@ local line, deadlines = KEYS[3], KEYS[4]
 local free = redis.call('exists', key) == 0
 local now = redis.call('time')
 ${TAKE_PLACE_LUA}
-${RECORD_LUA(8)}
+${HOLD_LUA(8)}
 -- pcall: a key of another type answers WRONGTYPE, which means held by someone else
 if not free and redis.pcall('hexists', key, owner) ~= 1 then
   if waiter ~= '' then
     ${FIND_GRANT_LUA}
     if grant_field then
-      redis.call('hdel', key, grant_field)
-      redis.call('hset', key, owner, 1)
-      redis.call('pexpire', key, ARGV[2])
       local granted = string.sub(grant_field, #waiter + 2)
-      forget(waiter)
-      forget(grant_field)
-      record(owner, granted)
+      redis.call('hdel', key, grant_field)
+      hold(owner, 1, granted)
+      redis.call('pexpire', key, ARGV[2])
       return {1, tonumber(granted)}
     end
     take_place()
-    record(waiter, '')
   end
   return {0, redis.call('pttl', key)}
 end
@@ -74,10 +71,7 @@ if free and redis.call('exists', line) == 1 then
   ${DROP_LAPSED_LUA}
   local head = redis.call('zrange', line, 0, 0)[1]
   if head and head ~= waiter then
-    if waiter ~= '' then
-      take_place()
-      record(waiter, '')
-    end
+    if waiter ~= '' then take_place() end
     local message, sharded, grant, waiting = ARGV[6], ARGV[5], tonumber(ARGV[7]), true
     ${GRANT_LUA}
     -- the head has grant ms at most to take it (its grant's lease, or its place's: HEAD_TURN_LUA)
@@ -89,12 +83,9 @@ if free and redis.call('exists', line) == 1 then
   end
 end
 ${NEXT_TOKEN_LUA}
-if free then
-  redis.call('hset', key, owner, 1)
-  redis.call('pexpire', key, ARGV[2])
-end
-if waiter ~= '' then forget(waiter) end
-record(owner, string.format('%.0f', token))
+-- (not free: a re-sent copy of this call, see below; its description gets the new token)
+hold(owner, 1, string.format('%.0f', token))
+if free then redis.call('pexpire', key, ARGV[2]) end
 return {1, token}
 `,
 );

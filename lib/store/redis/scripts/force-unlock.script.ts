@@ -10,7 +10,8 @@ import { LuaScript } from './lua-script';
  *
  * KEYS[1]  the lock hash
  * KEYS[2]  the fencing counter of its hash slot
- * KEYS[3]  the lock's line, KEYS[4] its deadlines, KEYS[5] its info hash
+ * KEYS[3]  the lock's line, KEYS[4] its deadlines
+ * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
  * ARGV[1]  the message to announce with, ARGV[2] '1' on a Cluster, ARGV[3] the grant's ms (see release)
  * ARGV[4..] the owners (hash fields) to drop: the holds the operator's read found
  *
@@ -33,8 +34,7 @@ for i = 4, #ARGV do
   local value = redis.call('hget', key, owner)
   if value then
     if tonumber(value) > 1 then shared = true end
-    redis.call('hdel', key, owner)
-    redis.call('hdel', KEYS[5], owner)
+    redis.call('hdel', key, owner, '=' .. owner)
     dropped[#dropped + 1] = owner
   end
 end

@@ -15,7 +15,7 @@ import { LuaScript } from './lua-script';
  * ARGV[2]  the message to announce with (the store's id and a sequence number)
  * ARGV[3]  '1' on a Cluster: SPUBLISH (see release.script.ts)
  * ARGV[4]  ms a grant to the new head lasts before it takes it up (see line.lua.ts)
- * KEYS[5]  optional: the lock's info hash, where the waiter's description is dropped
+ * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
  *
  * Returns 1 when the lock was free and an announcement went out, 0 otherwise (also when the new
  * head of a held lock was named). Safe to run twice.
@@ -28,12 +28,10 @@ local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local was_head = redis.call('zrange', line, 0, 0)[1] == waiter
 redis.call('zrem', line, waiter)
 redis.call('zrem', deadlines, waiter)
-if KEYS[5] then redis.call('hdel', KEYS[5], waiter) end
 ${FIND_GRANT_LUA}
 local waiting = redis.call('exists', line) == 1
 if grant_field then
   redis.call('del', key)
-  if KEYS[5] then redis.call('hdel', KEYS[5], grant_field) end
 elseif not waiting then
   return 0
 elseif redis.call('exists', key) == 1 then

@@ -111,11 +111,8 @@ if head ~= '' and string.sub(head, 1, 1) ~= 's' then
   local now = redis.call('time')
   ${NEXT_TOKEN_LUA}
   granted = string.format('%.0f', token)
+  -- The key was deleted or never existed: the grant is its only field (see FIND_GRANT_LUA).
   redis.call('hset', key, head .. ':' .. granted, 0)
-  -- The head's description (recorded by its attempts, see RECORD_LUA) stays under its waiter id,
-  -- which describes the grant too (see RedisLockStore.inspect): the attempt that takes the grant
-  -- up replaces it with its own, a leave drops it, and it lapses with the head's place otherwise.
-  -- (Moved under the grant's field, it outlived a grant that lapsed untaken.)
   redis.call('pexpire', key, grant)
   redis.call('zrem', line, head)
   redis.call('zrem', deadlines, head)
@@ -219,14 +216,18 @@ export const SETTLE_SHARED_LUA = `
 local live, latest, lapsed = 0, 0, {}
 local holders = redis.call('hgetall', key)
 for i = 1, #holders, 2 do
-  local ends = tonumber(holders[i + 1])
-  if ends <= 1 then
-    live, latest = live + 1, math.huge
-  elseif ends <= ms then
-    lapsed[#lapsed + 1] = holders[i]
-  else
-    live = live + 1
-    if ends > latest then latest = ends end
+  local field = holders[i]
+  if string.sub(field, 1, 1) ~= '=' then
+    local ends = tonumber(holders[i + 1])
+    if ends <= 1 then
+      live, latest = live + 1, math.huge
+    elseif ends <= ms then
+      lapsed[#lapsed + 1] = field
+      lapsed[#lapsed + 1] = '=' .. field
+    else
+      live = live + 1
+      if ends > latest then latest = ends end
+    end
   end
 end
 if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
@@ -238,21 +239,27 @@ end
 `;
 
 /**
- * Defines `record(who, token)`: describe the holder (or waiter) `who` in the lock's info hash
- * (KEYS[5], see `infoKeyFor`) as `<since ms>|<token>|<ARGV[infoArg]>`, kept ARGV[infoArg + 1] ms
- * at least; and `forget(who)`. Both do nothing for a caller that sends no info hash or no info.
- * Expects `now` (the script's reply of TIME) as a local.
+ * A holder's description for `inspect` lives in the lock hash itself, beside its hold: the field
+ * `=<owner>` (no owner or waiter id starts with `=`), valued `<since ms>|<fencing token>|<what the
+ * caller sent>`. It goes with the hold: deleted with the key, dropped with a shared hold, and it
+ * never outlives the lock by its own expiry. Every script that reads a hash's holds skips these.
  */
-export const RECORD_LUA = (infoArg: number): string => `
-local function record(who, token)
+export const DESCRIPTION_MARK = '=';
+
+/**
+ * Defines `hold(owner, value, token)`: set the owner's hold in the lock hash `key` to `value` (1 for
+ * an exclusive hold, the end of its lease in ms for a shared one) and, when the caller sent one in
+ * ARGV[infoArg], its description (see DESCRIPTION_MARK), recorded with `token`: one HSET either way.
+ * Expects `key` and `now` (the script's reply of TIME) as locals.
+ */
+export const HOLD_LUA = (infoArg: number): string => `
+local function hold(owner, value, token)
   local info = ARGV[${infoArg}]
-  if not KEYS[5] or not info or info == '' then return end
+  if not info or info == '' then
+    redis.call('hset', key, owner, value)
+    return
+  end
   local since = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('hset', KEYS[5], who, string.format('%.0f', since) .. '|' .. token .. '|' .. info)
-  local keep = tonumber(ARGV[${infoArg + 1}])
-  if redis.call('pttl', KEYS[5]) < keep then redis.call('pexpire', KEYS[5], keep) end
-end
-local function forget(who)
-  if KEYS[5] then redis.call('hdel', KEYS[5], who) end
+  redis.call('hset', key, owner, value, '=' .. owner, string.format('%.0f', since) .. '|' .. token .. '|' .. info)
 end
 `;

@@ -15,7 +15,7 @@ import { LuaScript } from './lua-script';
  * ARGV[3]  '1' on a Cluster: announce with SPUBLISH, in the key's shard, where its waiters listen;
  *          servers without sharded pub/sub (Redis < 7) fall back to PUBLISH
  * ARGV[4]  ms a grant to the head lasts before the head takes it up (see line.lua.ts)
- * KEYS[5]  optional: the lock's info hash, where the owner's description is dropped
+ * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
  *
  * Returns 0 when the caller does not hold the lock (nothing changed), {1, head, second, token}
  * when the key was deleted, or a shared hold dropped, and the release announced: head and second
@@ -32,8 +32,6 @@ export const RELEASE_SCRIPT = new LuaScript(
   `
 local key, fence, line, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
--- The owner's description goes whether or not it still holds (an owner id is never used again).
-if KEYS[5] then redis.call('hdel', KEYS[5], ARGV[1]) end
 -- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here, not a failure
 local held = redis.pcall('hget', key, ARGV[1])
 if type(held) ~= 'string' then
@@ -42,7 +40,7 @@ end
 if tonumber(held) > 1 then
   -- a shared hold: drop it alone; while others hold on, a freed permit is announced to the head
   -- of the line (who looks at once) and the second (who looks once the head's turn has passed)
-  redis.call('hdel', key, ARGV[1])
+  redis.call('hdel', key, ARGV[1], '=' .. ARGV[1])
   ${SHARED_DROPPED_LUA("{1, head, second, ''}")}
 else
   redis.call('del', key)

@@ -50,7 +50,7 @@ for i, key in ipairs(KEYS) do
     -- a shared hold: its own lease, in its field; the key lasts as long as the latest
     ms = ms or ${SERVER_MS_LUA}
     if ends <= ms then
-      if lease ~= 0 then redis.call('hdel', key, owner) end
+      if lease ~= 0 then redis.call('hdel', key, owner, '=' .. owner) end
       renewed[i] = 0
     elseif lease == 0 then
       renewed[i] = 1
