@@ -1,5 +1,5 @@
 import type { Logger } from '@nestjs/common';
-import { describeError } from './describe-error';
+import { describeError } from '../errors/describe-error';
 import { DueHeap } from './due-heap';
 import type { LockLostReason } from '../errors';
 import type { HeldLock } from './lock-handle';

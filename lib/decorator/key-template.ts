@@ -1,4 +1,4 @@
-import { describeError } from '../core/describe-error';
+import { describeError } from '../errors/describe-error';
 import { InvalidLockOptionsError, KeyResolutionError } from '../errors';
 import { MAX_LOCK_NAME_LENGTH, type LockKey } from '../module/dislock.options';
 

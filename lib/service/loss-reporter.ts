@@ -1,5 +1,5 @@
 import type { Logger } from '@nestjs/common';
-import { describeError } from '../core/describe-error';
+import { describeError } from '../errors/describe-error';
 import type { HeldLock } from '../core/lock-handle';
 import type { LockLostEvent, LockLostHandler } from '../core/lock-lost.event';
 import type { LockScope } from '../core/lock-scope';

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
-import { describeError } from '../../core/describe-error';
+import { describeError } from '../../errors/describe-error';
 import { RedisAccessError } from '../../errors/redis-access.error';
 import { keySlot } from './fence-key';
 import { duplicateClient, isClusterClient, type RedisClient } from './redis-client';

@@ -1,7 +1,7 @@
 import { AsyncResource } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import type { ChainableCommander, Cluster, Redis } from 'ioredis';
-import { describeError } from '../../core/describe-error';
+import { describeError } from '../../errors/describe-error';
 import { Logger } from '@nestjs/common';
 import { checkRedisAccess, refusal } from './access-check';
 import { evictionWarnings } from './eviction-check';
