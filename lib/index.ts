@@ -12,7 +12,7 @@ export { DisLockExceptionFilter } from './decorator/dislock-exception.filter';
 export { DisLockHealthIndicator, type DisLockHealth, type DisLockHealthOptions } from './integrations/health';
 export type { LockHandle } from './core/lock-handle';
 export type { LockSetHandle } from './core/lock-set';
-export type { LockLostEvent, LockLostHandler } from './core/lock-lost.event';
+export type { LockLostEvent, LockLostHandler } from './events/lock-lost.event';
 export type {
   LockEvent,
   LockEventListener,

@@ -1,7 +1,7 @@
 import type { Logger } from '@nestjs/common';
 import { describeError } from '../errors/describe-error';
 import type { HeldLock } from '../core/lock-handle';
-import type { LockLostEvent, LockLostHandler } from '../core/lock-lost.event';
+import type { LockLostEvent, LockLostHandler } from '../events/lock-lost.event';
 import type { LockScope } from '../core/lock-scope';
 import { isPromiseLike } from '../core/promise-like';
 import type { LockLostError } from '../errors';
