@@ -20,7 +20,7 @@ export type {
   LockEventType,
   LockHoldKind,
 } from './events/lock-events';
-export { DISLOCK_METADATA } from './module/dislock.constants';
+export { DISLOCK_METADATA } from './decorator/dislock.constants';
 export { DISLOCK_MODULE_OPTIONS } from './module/dislock.module-definition';
 export {
   DEFAULT_MODULE_OPTIONS,
@@ -34,7 +34,7 @@ export {
   type LockTimingOptions,
   type PerLockOptions,
   type RedisConnection,
-} from './module/dislock.options';
+} from './options/dislock.options';
 export type { AcquireResult, LockStore, ReleaseResult } from './store/lock-store.interface';
 export { MemoryLockStore } from './store/memory/memory-lock.store';
 export { DisLockTestingModule, type DisLockTestingOptions } from './testing/dislock-testing.module';

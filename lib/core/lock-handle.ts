@@ -1,5 +1,5 @@
 import type { LockEventSubject, LockHoldKind } from '../events/lock-events';
-import { eventSubjectOf, holdKindOf, type ResolvedLockOptions } from '../module/dislock.options';
+import { eventSubjectOf, holdKindOf, type ResolvedLockOptions } from '../options/dislock.options';
 import type { Scheduled } from './due-heap';
 import type { WatchdogDue } from './watchdog';
 

@@ -11,7 +11,7 @@ import {
   type ResolvedLockOptions,
   type ResolvedModuleOptions,
   shareOf,
-} from '../module/dislock.options';
+} from '../options/dislock.options';
 import type { LockStore } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';

@@ -6,7 +6,7 @@ import type { LockScope } from '../core/lock-scope';
 import { isPromiseLike } from '../core/promise-like';
 import type { LockLostError } from '../errors';
 import type { LockEvents } from '../events/lock-events';
-import type { ResolvedModuleOptions } from '../module/dislock.options';
+import type { ResolvedModuleOptions } from '../options/dislock.options';
 
 /** Tells the holder of a lock that it is lost: its signal, its `onLockLost` hooks, or the log. */
 export class LossReporter {
