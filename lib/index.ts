@@ -39,5 +39,5 @@ export type { AcquireResult, LockStore, ReleaseResult } from './store/lock-store
 export { MemoryLockStore } from './store/memory/memory-lock.store';
 export { DisLockTestingModule, type DisLockTestingOptions } from './testing/dislock-testing.module';
 export { DisLockTesting, type TestHolder } from './testing/dislock-testing';
-export { dislockAclRule } from './store/redis/access-check';
+export { dislockAclRule } from './store/redis/acl.rule';
 export * from './errors';
