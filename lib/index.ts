@@ -12,7 +12,7 @@ export { DisLockExceptionFilter } from './decorator/dislock-exception.filter';
 export { DisLockHealthIndicator, type DisLockHealth, type DisLockHealthOptions } from './integrations/health';
 export type { LockHandle } from './core/lock-handle';
 export type { LockSetHandle } from './core/lock-set';
-export type { LockLostEvent, LockLostHandler } from './core/lock-lost.event';
+export type { LockLostEvent, LockLostHandler } from './events/lock-lost.event';
 export type {
   LockEvent,
   LockEventListener,
@@ -20,7 +20,7 @@ export type {
   LockEventType,
   LockHoldKind,
 } from './events/lock-events';
-export { DISLOCK_METADATA } from './module/dislock.constants';
+export { DISLOCK_METADATA } from './decorator/dislock.constants';
 export { DISLOCK_MODULE_OPTIONS } from './module/dislock.module-definition';
 export {
   DEFAULT_MODULE_OPTIONS,
@@ -34,10 +34,10 @@ export {
   type LockTimingOptions,
   type PerLockOptions,
   type RedisConnection,
-} from './module/dislock.options';
+} from './options/dislock.options';
 export type { AcquireResult, LockStore, ReleaseResult } from './store/lock-store.interface';
 export { MemoryLockStore } from './store/memory/memory-lock.store';
 export { DisLockTestingModule, type DisLockTestingOptions } from './testing/dislock-testing.module';
 export { DisLockTesting, type TestHolder } from './testing/dislock-testing';
-export { dislockAclRule } from './store/redis/access-check';
+export { dislockAclRule } from './store/redis/acl.rule';
 export * from './errors';

@@ -17,7 +17,8 @@ import {
   RedisAccessError,
   RedisUnavailableError,
 } from 'nestjs-dislock';
-import { checkRedisAccess, dislockAclRule } from '../lib/store/redis/access-check';
+import { checkRedisAccess } from '../lib/store/redis/access.check';
+import { dislockAclRule } from '../lib/store/redis/acl.rule';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
 import { CHECK_SCRIPT } from '../lib/store/redis/scripts/check.script';
 import { settle } from './support/async';

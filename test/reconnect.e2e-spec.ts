@@ -5,7 +5,7 @@
  * against a redis-server this test starts and kills.
  */
 import { Logger } from '@nestjs/common';
-import type { RedisConnection } from '../lib/module/dislock.options';
+import type { RedisConnection } from '../lib/options/dislock.options';
 import { closeRedis, connectRedis } from '../lib/store/redis/redis-client';
 import { RedisServer } from './support/redis-server';
 import { eventually } from './support/shared-redis';

@@ -23,7 +23,7 @@ import { abortReason, lostReason, settle } from './support/async';
 import { RedisCluster } from './support/cluster';
 import { RedisServer } from './support/redis-server';
 import { sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
-import { DISLOCK_STORE } from '../lib/module/dislock.internal-constants';
+import { DISLOCK_STORE } from '../lib/options/dislock.internal-constants';
 
 /** A store the suite runs against, and what it needs to look like a real deployment. */
 interface StoreUnderTest {

@@ -1,7 +1,7 @@
 import type { LockEventSubject, LockHoldKind } from '../events/lock-events';
-import { eventSubjectOf, holdKindOf, type ResolvedLockOptions } from '../module/dislock.options';
+import { eventSubjectOf, holdKindOf, type ResolvedLockOptions } from '../options/dislock.options';
 import type { Scheduled } from './due-heap';
-import type { WatchdogDue } from './watchdog';
+import type { WatchdogDue } from './watchdog-due';
 
 /** One acquisition of a lock, as the caller holds it. */
 export interface LockHandle {

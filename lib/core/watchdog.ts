@@ -1,8 +1,9 @@
 import type { Logger } from '@nestjs/common';
-import { describeError } from './describe-error';
+import { describeError } from '../errors/describe-error';
 import { DueHeap } from './due-heap';
 import type { LockLostReason } from '../errors';
 import type { HeldLock } from './lock-handle';
+import type { WatchdogDue } from './watchdog-due';
 import type { LockEvents } from '../events/lock-events';
 import type { LockStore } from '../store/lock-store.interface';
 
@@ -19,17 +20,6 @@ const MAX_RENEWALS_PER_TICK = 500;
 
 /** Renewal lag is reported for the current and the previous window of this many ms. */
 const LAG_WINDOW_MS = 15_000;
-
-/** What is due next for a lock the watchdog keeps. */
-export type WatchdogDue =
-  /** Renew it (a watchdog lock, between renewals). */
-  | 'renew'
-  /** Check that Redis still has it (a fixed lease: verified on the renewal schedule, never extended). */
-  | 'check'
-  /** Its lease ends: the fixed `expire`, the last lease after `maxRenewTimes`, or a lease that ran out while renewing. */
-  | 'expired'
-  | 'max-renewals'
-  | 'lease-expired';
 
 /**
  * Keeps held locks alive and notices when they are not any more: one schedule (a heap ordered by

@@ -1,14 +1,13 @@
 import { Inject } from '@nestjs/common';
 import { type Observable, throwError } from 'rxjs';
-import { DISLOCK_METADATA } from '../module/dislock.constants';
+import { DISLOCK_INTERCEPTOR_PROPERTY, DISLOCK_METADATA } from './dislock.constants';
 import { DisLockInterceptor, type LockedMethodSpec } from './dislock.interceptor';
-import { DISLOCK_INTERCEPTOR_PROPERTY } from '../module/dislock.internal-constants';
-import type { DisLockOptions, LockKey } from '../module/dislock.options';
+import type { DisLockOptions, LockKey } from '../options/dislock.options';
 import { DisLockSetupError, InvalidLockOptionsError } from '../errors';
 import { compileKey } from './key-template';
 import { type DisLockDecorator, returnKindOf } from './lockable-method';
 import { LockedResult } from './locked-result';
-import { validateDecoratorOptions } from '../module/options.validation';
+import { validateDecoratorOptions } from '../options/options.validation';
 
 type AnyMethod = (this: object, ...args: unknown[]) => unknown;
 

@@ -13,7 +13,7 @@ import {
   throwError,
   catchError,
 } from 'rxjs';
-import type { DisLockOptions } from '../module/dislock.options';
+import type { DisLockOptions } from '../options/dislock.options';
 import type { KeyResolver } from './key-template';
 import { LockSet } from '../core/lock-set';
 import { DisLockTelemetry, type MethodSpan } from '../integrations/opentelemetry';

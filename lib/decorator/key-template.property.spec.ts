@@ -6,7 +6,7 @@
  * a prototype chain.
  */
 import fc from 'fast-check';
-import { MAX_LOCK_NAME_LENGTH } from '../module/dislock.options';
+import { MAX_LOCK_NAME_LENGTH } from '../options/dislock.options';
 import { InvalidLockOptionsError, KeyResolutionError } from '../errors';
 import { compileKey, type KeyResolver } from './key-template';
 

@@ -1,4 +1,4 @@
-import { MAX_LOCK_NAME_LENGTH, type LockKey } from '../module/dislock.options';
+import { MAX_LOCK_NAME_LENGTH, type LockKey } from '../options/dislock.options';
 import { DisLockError, InvalidLockOptionsError, KeyResolutionError } from '../errors';
 import { checkLockName, compileKey } from './key-template';
 

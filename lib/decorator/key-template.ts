@@ -1,6 +1,6 @@
-import { describeError } from '../core/describe-error';
+import { describeError } from '../errors/describe-error';
 import { InvalidLockOptionsError, KeyResolutionError } from '../errors';
-import { MAX_LOCK_NAME_LENGTH, type LockKey } from '../module/dislock.options';
+import { MAX_LOCK_NAME_LENGTH, type LockKey } from '../options/dislock.options';
 
 /**
  * Key templates: literal text with placeholders over the method's arguments.

@@ -1,4 +1,4 @@
-import { describeError } from '../core/describe-error';
+import { describeError } from './describe-error';
 import { RedisUnavailableError } from './redis-unavailable.error';
 
 /** One Redlock node that failed an operation: its address and what it reported. */

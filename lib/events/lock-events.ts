@@ -1,5 +1,5 @@
 import type { Logger } from '@nestjs/common';
-import { describeError } from '../core/describe-error';
+import { describeError } from '../errors/describe-error';
 import type { LockLostReason } from '../errors';
 
 /** How a lock is held: exclusively (a plain lock, a writer), for reading, or as a semaphore's permit. */

@@ -1,9 +1,9 @@
 import { Inject, Injectable, Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import type * as OpenTelemetry from '@opentelemetry/api';
-import { describeError } from '../core/describe-error';
+import { describeError } from '../errors/describe-error';
 import type { LockEvent, LockEventSubject } from '../events/lock-events';
-import { DISLOCK_RESOLVED_OPTIONS } from '../module/dislock.internal-constants';
-import type { ResolvedModuleOptions } from '../module/dislock.options';
+import { DISLOCK_RESOLVED_OPTIONS } from '../options/dislock.internal-constants';
+import type { ResolvedModuleOptions } from '../options/dislock.options';
 import { LockService } from '../service/lock.service';
 
 type Api = typeof OpenTelemetry;

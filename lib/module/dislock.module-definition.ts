@@ -1,5 +1,5 @@
 import { ConfigurableModuleBuilder } from '@nestjs/common';
-import type { DisLockModuleOptions } from './dislock.options';
+import type { DisLockModuleOptions } from '../options/dislock.options';
 
 export const {
   ConfigurableModuleClass: DisLockConfigurableModule,

@@ -1,18 +1,18 @@
 import { type DynamicModule, Logger, Module } from '@nestjs/common';
 import { guardFactoryInjection } from './async-options-guard';
 import { DisLockInterceptor } from '../decorator/dislock.interceptor';
-import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from './dislock.internal-constants';
+import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../options/dislock.internal-constants';
 import {
   DisLockConfigurableModule,
   DISLOCK_MODULE_OPTIONS,
   type DISLOCK_ASYNC_OPTIONS_TYPE,
   type DISLOCK_OPTIONS_TYPE,
 } from './dislock.module-definition';
-import type { RedisConnection, ResolvedModuleOptions } from './dislock.options';
+import type { RedisConnection, ResolvedModuleOptions } from '../options/dislock.options';
 import { DisLockHealthIndicator } from '../integrations/health';
 import { DisLockTelemetry } from '../integrations/opentelemetry';
 import { LockService } from '../service/lock.service';
-import { resolveModuleOptions } from './options.validation';
+import { resolveModuleOptions } from '../options/options.validation';
 import { connectRedis } from '../store/redis/redis-client';
 import type { LockStore } from '../store/lock-store.interface';
 import { MemoryLockStore } from '../store/memory/memory-lock.store';

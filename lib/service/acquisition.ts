@@ -10,7 +10,7 @@ import {
   type ResolvedLockOptions,
   type ResolvedModuleOptions,
   shareOf,
-} from '../module/dislock.options';
+} from '../options/dislock.options';
 import type { LockStore } from '../store/lock-store.interface';
 import { SlotMigratingError } from '../store/store-errors';
 import type { HeldLocks } from './held-locks';

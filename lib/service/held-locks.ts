@@ -1,5 +1,5 @@
 import type { Logger } from '@nestjs/common';
-import { describeError } from '../core/describe-error';
+import { describeError } from '../errors/describe-error';
 import type { Handle, HeldLock, HoldKeeper, LockHandle } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
 import { Watchdog } from '../core/watchdog';

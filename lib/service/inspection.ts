@@ -1,5 +1,5 @@
 import type { Logger } from '@nestjs/common';
-import type { ResolvedModuleOptions } from '../module/dislock.options';
+import type { ResolvedModuleOptions } from '../options/dislock.options';
 import type { LockStore, StoredHold, StoredLock } from '../store/lock-store.interface';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';

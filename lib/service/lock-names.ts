@@ -1,6 +1,6 @@
 import { InvalidLockOptionsError } from '../errors';
-import { type LockOptions, MAX_LOCK_NAME_LENGTH } from '../module/dislock.options';
-import { MAX_LOCK_SET } from '../module/options.validation';
+import { type LockOptions, MAX_LOCK_NAME_LENGTH } from '../options/dislock.options';
+import { MAX_LOCK_SET } from '../options/options.validation';
 
 /** A lock name as it is, once checked; throws `InvalidLockOptionsError` naming `name` otherwise. */
 function checkLockName(where: string, name: unknown): string {

@@ -6,15 +6,15 @@ import {
   type OnApplicationShutdown,
   type OnModuleInit,
 } from '@nestjs/common';
-import { type LockOptions, type ResolvedLockOptions, type ResolvedModuleOptions } from '../module/dislock.options';
-import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../module/dislock.internal-constants';
+import { type LockOptions, type ResolvedLockOptions, type ResolvedModuleOptions } from '../options/dislock.options';
+import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../options/dislock.internal-constants';
 import { InvalidLockOptionsError, LockNotAcquiredError, LockNotHeldError } from '../errors';
 import type { Handle, LockHandle } from '../core/lock-handle';
 import { LockSet, type LockSetHandle } from '../core/lock-set';
 import { LockScope } from '../core/lock-scope';
 import { type LockEventListener, LockEvents, type LockEventType } from '../events/lock-events';
 import type { LockStore, StoreHealth } from '../store/lock-store.interface';
-import { resolveLockOptions, validateLockOptions } from '../module/options.validation';
+import { resolveLockOptions, validateLockOptions } from '../options/options.validation';
 import { type LockHolder, type LockInspection, Operator } from './inspection';
 import { checkLockNames, describeNames } from './lock-names';
 import { Acquisition } from './acquisition';

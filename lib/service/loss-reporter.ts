@@ -1,12 +1,12 @@
 import type { Logger } from '@nestjs/common';
-import { describeError } from '../core/describe-error';
+import { describeError } from '../errors/describe-error';
 import type { HeldLock } from '../core/lock-handle';
-import type { LockLostEvent, LockLostHandler } from '../core/lock-lost.event';
+import type { LockLostEvent, LockLostHandler } from '../events/lock-lost.event';
 import type { LockScope } from '../core/lock-scope';
 import { isPromiseLike } from '../core/promise-like';
 import type { LockLostError } from '../errors';
 import type { LockEvents } from '../events/lock-events';
-import type { ResolvedModuleOptions } from '../module/dislock.options';
+import type { ResolvedModuleOptions } from '../options/dislock.options';
 
 /** Tells the holder of a lock that it is lost: its signal, its `onLockLost` hooks, or the log. */
 export class LossReporter {

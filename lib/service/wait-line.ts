@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { Handle } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
 import { wakeOrTimeout } from '../core/wake-or-timeout';
-import { type ResolvedLockOptions, shareOf } from '../module/dislock.options';
+import { type ResolvedLockOptions, shareOf } from '../options/dislock.options';
 import type { LockStore, ReleaseWatch } from '../store/lock-store.interface';
 import type { ShutdownGate } from './shutdown-gate';
 import { type LineSeat, WaitQueue } from './wait-queue';

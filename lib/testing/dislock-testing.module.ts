@@ -1,6 +1,6 @@
 import { type DynamicModule, Module } from '@nestjs/common';
 import { DisLockModule } from '../module/dislock.module';
-import type { DisLockModuleOptions } from '../module/dislock.options';
+import type { DisLockModuleOptions } from '../options/dislock.options';
 import type { MemoryLockStore } from '../store/memory/memory-lock.store';
 import { DisLockTesting } from './dislock-testing';
 

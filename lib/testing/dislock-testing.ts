@@ -1,7 +1,7 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { DisLockSetupError } from '../errors';
-import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../module/dislock.internal-constants';
-import type { ResolvedModuleOptions } from '../module/dislock.options';
+import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../options/dislock.internal-constants';
+import type { ResolvedModuleOptions } from '../options/dislock.options';
 import { LockService } from '../service/lock.service';
 import type { LockStore } from '../store/lock-store.interface';
 import { MemoryLockStore } from '../store/memory/memory-lock.store';

@@ -1,8 +1,8 @@
 import type { Logger } from '@nestjs/common';
 import { Redis, type Cluster, type RedisOptions } from 'ioredis';
-import { describeError } from '../../core/describe-error';
+import { describeError } from '../../errors/describe-error';
 import { InvalidLockOptionsError } from '../../errors/invalid-options.error';
-import type { RedisConnection } from '../../module/dislock.options';
+import type { RedisConnection } from '../../options/dislock.options';
 
 export type RedisClient = Redis | Cluster;
 

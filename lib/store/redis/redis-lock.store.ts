@@ -1,9 +1,10 @@
 import { AsyncResource } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import type { ChainableCommander, Cluster, Redis } from 'ioredis';
-import { describeError } from '../../core/describe-error';
+import { describeError } from '../../errors/describe-error';
 import { Logger } from '@nestjs/common';
-import { checkRedisAccess, refusal } from './access-check';
+import { checkRedisAccess } from './access.check';
+import { refusal } from './access.refusal';
 import { evictionWarnings } from './eviction-check';
 import { ACQUIRE_SHARED_SCRIPT } from './scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';

@@ -1,6 +1,6 @@
 import type { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
-import type { ReplicaAckOptions } from '../../module/dislock.options';
+import type { ReplicaAckOptions } from '../../options/dislock.options';
 import { keySlot } from './fence-key';
 import { ReplicaShortfallError } from '../store-errors';
 import { clientKeyPrefix, isClusterClient, type RedisClient } from './redis-client';

@@ -1,6 +1,6 @@
 import type { Logger } from '@nestjs/common';
 import type { Redis } from 'ioredis';
-import type { RedlockNode as RedlockNodeOption } from '../../module/dislock.options';
+import type { RedlockNode as RedlockNodeOption } from '../../options/dislock.options';
 import { connectRedis } from '../redis/redis-client';
 import { RedisLockStore } from '../redis/redis-lock.store';
 

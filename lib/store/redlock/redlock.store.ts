@@ -1,6 +1,6 @@
 import type { Logger } from '@nestjs/common';
 import { type RedlockNodeFailure, RedlockQuorumError } from '../../errors';
-import type { RedlockOptions, ResolvedModuleOptions } from '../../module/dislock.options';
+import type { RedlockOptions, ResolvedModuleOptions } from '../../options/dislock.options';
 import type {
   AcquireOptions,
   AcquireResult,

@@ -1,8 +1,9 @@
 import { randomBytes } from 'node:crypto';
-import { Logger } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
-import { describeError } from '../../core/describe-error';
+import { describeError } from '../../errors/describe-error';
 import { RedisAccessError } from '../../errors/redis-access.error';
+import { refusal } from './access.refusal';
+import { dislockAclRule } from './acl.rule';
 import { keySlot } from './fence-key';
 import { duplicateClient, isClusterClient, type RedisClient } from './redis-client';
 import { ACQUIRE_SHARED_SCRIPT } from './scripts/acquire-shared.script';
@@ -11,146 +12,15 @@ import { CHECK_SCRIPT } from './scripts/check.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
 import { RENEW_SCRIPT } from './scripts/renew.script';
 
-/** Commands the Lua scripts call (Redis 7 checks each against the ACL, as if sent directly). */
-const SCRIPT_COMMANDS = [
-  'exists',
-  'hexists',
-  'hget',
-  'hgetall',
-  'hset',
-  'hdel',
-  'type',
-  'pttl',
-  'pexpire',
-  'get',
-  'set',
-  'del',
-  'time',
-  // the line of waiters (a fair hand-over across processes)
-  'zadd',
-  'zrem',
-  'zscore',
-  'zrange',
-  'zrangebyscore',
-  'zremrangebyscore',
-];
-
-/**
- * The ACL rule that lets the library do everything it does under `keyPrefix`, and nothing else:
- * append it to `ACL SETUSER <user> on >password` (on every node of a Cluster), or use it as a
- * managed service's access string. `keyPrefix` is the module's, after any ioredis `keyPrefix`.
- *
- * - `+evalsha +eval`: every lock operation is a Lua script (EVAL after a restart or SCRIPT FLUSH);
- *   the commands the scripts call need granting too.
- * - `+publish +subscribe +unsubscribe`: release announcements and the waiters listening for them.
- * - `+info`: ioredis's ready check on connect (without it ioredis warns on every connection;
- *   `enableReadyCheck: false` in your RedisOptions also avoids it).
- * - Cluster: sharded pub/sub (`+spublish +ssubscribe +sunsubscribe`, Redis >= 7), the slot map
- *   (`+cluster|slots`), the client's ready check (`+cluster|info`), ASK redirections (`+asking`)
- *   during a resharding, and two commands ioredis sends on its own connections and whose refusal
- *   it ignores, but which Redis records in ACL LOG each time: READONLY (to replicas) and CLIENT
- *   SETNAME (its subscriber and slot-refresh connections). Both act on the connection only.
- * - `replicas` (acknowledged acquisitions): `+wait`.
- *
- * AUTH, HELLO and QUIT need no grant (Redis allows them to every user).
- */
-export function dislockAclRule(keyPrefix: string, options: { cluster?: boolean; replicas?: boolean } = {}): string {
-  const pattern = `${escapeGlob(keyPrefix)}*`;
-  const commands = [
-    'evalsha',
-    'eval',
-    ...SCRIPT_COMMANDS,
-    'publish',
-    'subscribe',
-    'unsubscribe',
-    'info',
-    ...(options.cluster
-      ? [
-          'spublish',
-          'ssubscribe',
-          'sunsubscribe',
-          'cluster|slots',
-          'cluster|info',
-          'asking',
-          'readonly',
-          'client|setname',
-        ]
-      : []),
-    ...(options.replicas ? ['wait'] : []),
-  ];
-  return `resetkeys ~${pattern} resetchannels &${pattern} -@all ${commands.map((c) => `+${c}`).join(' ')}`;
-}
-
-/** A key prefix as a literal in an ACL glob pattern. */
-export function escapeGlob(text: string): string {
-  return text.replace(/[*?[\]\\]/g, (c) => `\\${c}`);
-}
-
-/** What Redis refused, as one item of `RedisAccessError.denied`, or `undefined` if it was not a refusal. */
-export function refusal(error: unknown, key: string, channel: string): string | undefined {
-  const message = describeError(error);
-  if (
-    /unknown command '?(eval|evalsha)'?/i.test(message) ||
-    /script(s|ing)?\b[^.]*\b(disabled|not (allowed|enabled|supported))/i.test(message)
-  ) {
-    return 'scripting (EVAL/EVALSHA)';
-  }
-  // Redis 6.2/7.0: "NOPERM this user has no permissions to run the 'x' command", "... to access
-  // one of the keys/channels ..."; inside a script (7.0): "The user executing the script can't
-  // run this command or subcommand" / "can't publish to the channel"; Redis >= 7.2: "NOPERM User u
-  // has no permissions to run the 'x' command", "No permissions to access a key", and inside a
-  // script "ACL failure in script: ...".
-  if (!/NOPERM|no permissions|ACL failure|user executing the script can't/i.test(message)) return undefined;
-  const command = /'([^']+)' command/.exec(message);
-  if (command) return `command '${command[1].toLowerCase()}'`;
-  if (/channel/i.test(message)) return `channel "${channel}"`;
-  if (/\bkeys?\b/i.test(message)) return `key "${key}"`;
-  return 'a command a script calls';
-}
-
 /** The reason a check step stopped that is not a refusal: Redis did not answer in time. */
 class CheckTimeout extends Error {}
 
 /**
- * Checks once that Redis lets the library do everything it needs under `keyPrefix`: runs each
- * lock script (acquire by EVALSHA, the reentrant check by EVAL, renew, release with its
- * announcement) on a probe lock `${keyPrefix}#probe:{<random>}` while listening on its release
- * channel, then deletes what it made. Nothing else is touched: the probe has its own fencing
- * counter beside it (`…#probe:{<random>}:fence`), in the same Cluster hash slot.
- *
- * - Redis refuses something (ACL `NOPERM` for a command, the key prefix or the channels; scripting
- *   disabled or EVAL/EVALSHA renamed away): rejects with a `RedisAccessError` that names every
- *   refusal (it asks Redis about each command on its own to find them all, since a refusal inside
- *   a script may not name the command) and the ACL rule to grant.
- * - Redis is unreachable, slow, or answers another error (a wrong password, LOADING, OOM, a read-only
- *   replica): logs a warning through `logger` and resolves. The whole check, cleanup included,
- *   takes at most `operationTimeout`; a cleanup still pending then is left to run in the background.
- *
- * Never resolves or rejects with anything carrying the client's password.
+ * One run of the access check (`checkRedisAccess`, access.check.ts): the lock scripts on a probe
+ * lock of its own, then, if Redis refused something, each command on its own to name every refusal;
+ * and cleanup of the probe keys, within `operationTimeout`.
  */
-export async function checkRedisAccess(
-  client: RedisClient,
-  keyPrefix: string,
-  operationTimeout: number,
-  logger: Pick<Logger, 'warn'> = new Logger('DisLock'),
-): Promise<void> {
-  const check = new AccessCheck(client, keyPrefix, operationTimeout);
-  try {
-    await check.run();
-  } catch (error) {
-    if (error instanceof RedisAccessError) throw error;
-    logger.warn(
-      check.redact(
-        `Skipped the Redis access check: ${describeError(error)}. Lock operations fail with ` +
-          `RedisUnavailableError until Redis answers; a missing ACL permission then shows as their cause.`,
-      ),
-    );
-  } finally {
-    check.close();
-  }
-}
-
-class AccessCheck {
+export class AccessProbe {
   private readonly deadline: number;
   private readonly tag = randomBytes(8).toString('hex');
   /** Probe keys, without the client's own ioredis `keyPrefix` (which the client adds). */

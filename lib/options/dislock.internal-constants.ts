@@ -3,6 +3,3 @@ export const DISLOCK_RESOLVED_OPTIONS = Symbol('DISLOCK_RESOLVED_OPTIONS');
 
 /** Provider token of the `LockStore` the module's `LockService` uses. */
 export const DISLOCK_STORE = Symbol('DISLOCK_STORE');
-
-/** Property under which Nest injects the interceptor into classes with `@DisLock` methods. */
-export const DISLOCK_INTERCEPTOR_PROPERTY = Symbol('dislock:interceptor');

@@ -11,7 +11,7 @@ import {
   type ResolvedModuleOptions,
   UNSET_EXPIRE,
 } from './dislock.options';
-import type { LockLostHandler } from '../core/lock-lost.event';
+import type { LockLostHandler } from '../events/lock-lost.event';
 import type { LockStore } from '../store/lock-store.interface';
 
 /** Node timers overflow past 2^31 - 1 ms and would fire at once; no duration may exceed it. */

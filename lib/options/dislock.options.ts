@@ -1,5 +1,5 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
-import type { LockLostHandler } from '../core/lock-lost.event';
+import type { LockLostHandler } from '../events/lock-lost.event';
 import type { LockEventSubject, LockHoldKind } from '../events/lock-events';
 import type { LockStore } from '../store/lock-store.interface';
 
