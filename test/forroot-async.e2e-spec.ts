@@ -1,5 +1,5 @@
 /**
- * `DisLockModule.forRootAsync` next to `@nestjs/config`, as README's Install section shows it: the
+ * `DisLockModule.forRootAsync` next to `@nestjs/config`, as docs/configuration.md shows it: the
  * snippet as written boots and locks, and the common mistake (no `imports: [ConfigModule]`) fails at
  * startup with an error about DisLockModule and its fix.
  */
@@ -23,7 +23,7 @@ const failure = (promise: Promise<unknown>): Promise<unknown> =>
 describe('DisLockModule.forRootAsync with @nestjs/config', () => {
   const env = () => ({ REDIS_URL: sharedRedisUrl(), LOCK_PREFIX: uniquePrefix('async') });
 
-  it("README's snippet (imports: [ConfigModule]) boots, reads the configuration and locks", async () => {
+  it('the documented snippet (imports: [ConfigModule]) boots, reads the configuration and locks', async () => {
     const values = env();
     const moduleRef = await compile([
       ConfigModule.forRoot({ ignoreEnvFile: true, load: [() => values] }),

@@ -1,6 +1,7 @@
 /**
- * The examples of README's "Read-write locks, semaphores and multi-locks" section, as written
- * there: `npm run typecheck` fails if one of them stops compiling. Never run.
+ * The examples of docs/lock-family.md ("Read-write locks, semaphores and multi-locks"), as
+ * written there: `npm run typecheck` fails if one of them stops compiling. Never run. README's
+ * shorter lock family recipe is in recipes.types.ts.
  */
 import { Injectable } from '@nestjs/common';
 import { DisLock, LockService } from 'nestjs-dislock';

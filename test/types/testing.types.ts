@@ -1,6 +1,7 @@
 /**
- * The example of README's "Testing your own code without Redis", as written there (with an
- * `OrdersService` of its own): `npm run typecheck` fails if it stops compiling. Never run.
+ * The example of docs/testing.md ("Testing your own code without Redis"), as written there (with
+ * an `OrdersService` of its own): `npm run typecheck` fails if it stops compiling. Never run.
+ * README's quick start test is in quick-start.types.ts.
  */
 import { Injectable } from '@nestjs/common';
 import { Test } from '@nestjs/testing';

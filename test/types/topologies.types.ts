@@ -1,5 +1,5 @@
 /**
- * The configuration snippets of README's "Topologies" section, as written there: `npm run
+ * The configuration snippets of docs/topologies.md ("Topologies"), as written there: `npm run
  * typecheck` fails if one of them stops compiling. Never run.
  */
 import { Cluster } from 'ioredis';
