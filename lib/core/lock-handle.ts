@@ -16,7 +16,7 @@ export interface LockHandle {
    * it (across releases, expiries and owners). Reentrant acquisitions share the holder's token.
    * Pass it along with every write to a resource that can refuse a token smaller than the
    * largest it has seen: then a holder that lost the lock without noticing cannot overwrite the
-   * next holder's work. See "Failure semantics" in the README for what the ordering rests on.
+   * next holder's work. See docs/failure-semantics.md for what the ordering rests on.
    */
   readonly fencingToken: number;
   /**

@@ -68,7 +68,7 @@ type AcquireDecision =
  *   Nodes that answer after the quorum join the lock (they are renewed and released with it).
  * - **fencing token**: the largest of the tokens issued by the nodes of the quorum (each node
  *   issues its own, strictly increasing per name on that node). Ordered across acquisitions only as
- *   far as the nodes' clocks agree: see the README's Redlock section.
+ *   far as the nodes' clocks agree: see docs/topologies.md, Redlock.
  * - **renew**: every node, each with the whole batch. Per lock: `true` once a quorum renewed it;
  *   `false` once more than N - quorum nodes answered that they no longer hold it (renewal never
  *   re-creates a key, so the quorum is gone for good: the lock is lost, `not-owner`); an `{ error }`
