@@ -25,6 +25,7 @@ import { settle } from './support/async';
 import { RedisCluster } from './support/cluster';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
+import { holdsOf } from './support/lock-hash';
 
 const PASSWORD = 'Acl-Test-Secret-7f3a9c';
 const RULE = dislockAclRule('dislock:');
@@ -174,7 +175,7 @@ describe('least privilege (ACL)', () => {
         });
         await sleep(900); // longer than the lease: held only because the watchdog renewed it
         expect(outer.signal.aborted).toBe(false);
-        expect(await admin.hgetall('dislock:order:1')).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(admin, 'dislock:order:1')).toEqual({ [outer.owner]: '1' });
       });
 
       // b waits for a's lock; a's release wakes it through pub/sub. No timer would this soon: not

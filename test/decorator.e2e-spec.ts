@@ -31,6 +31,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 import { eventually, sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
 import { abortReason, lostReason, gate } from './support/async';
+import { holdsOf } from './support/lock-hash';
 
 // ---- helpers ---------------------------------------------------------------------------------
 
@@ -70,7 +71,7 @@ interface Seen {
 function seeInside(locks: LockService, client: Redis, key: () => string): () => Promise<Seen> {
   return async () => {
     const handle = locks.current();
-    return { handle, hash: await client.hgetall(key()), pttl: await client.pttl(key()) };
+    return { handle, hash: await holdsOf(client, key()), pttl: await client.pttl(key()) };
   };
 }
 
@@ -323,14 +324,14 @@ class Reentrant {
   async outer(id: number): Promise<{ outer: LockHandle; inner: Seen; afterInner: Record<string, string> }> {
     const outer = must(this.locks.current(`re:${id}`));
     const inner = await this.inner(id);
-    return { outer, inner, afterInner: await redis.hgetall(outer.key) };
+    return { outer, inner, afterInner: await holdsOf(redis, outer.key) };
   }
 
   @DisLock('re:{0}')
   async inner(id: number): Promise<Seen> {
     const handle = this.locks.current(`re:${id}`);
     const key = must(handle).key;
-    return { handle, hash: await redis.hgetall(key), pttl: await redis.pttl(key) };
+    return { handle, hash: await holdsOf(redis, key), pttl: await redis.pttl(key) };
   }
 
   @DisLock('re:{0}')
@@ -343,9 +344,9 @@ class Reentrant {
   }> {
     const outer = must(this.locks.current());
     const again = await this.locks.lock(`re:${id}`);
-    const during = await redis.hgetall(outer.key);
+    const during = await holdsOf(redis, outer.key);
     const released = await again.release();
-    return { outer, again, during, released, after: await redis.hgetall(outer.key) };
+    return { outer, again, during, released, after: await holdsOf(redis, outer.key) };
   }
 }
 
@@ -770,7 +771,7 @@ describe('@DisLock on plain providers', () => {
       const until = gate();
       const holding = payments.hold(6, until.promise);
       expect(await eventually(async () => (await exists(key('pay:6'))) === 1)).toBe(true);
-      const holderHash = await redis.hgetall(key('pay:6'));
+      const holderHash = await holdsOf(redis, key('pay:6'));
       const started = performance.now();
       const error = await rejection(payments.payImpatient(6));
       const elapsed = performance.now() - started;
@@ -779,7 +780,7 @@ describe('@DisLock on plain providers', () => {
       expect(elapsed).toBeGreaterThanOrEqual(140);
       expect(elapsed).toBeLessThan(2000);
       expect(payments.events).not.toContain('impatient:6:run');
-      expect(await redis.hgetall(key('pay:6'))).toEqual(holderHash);
+      expect(await holdsOf(redis, key('pay:6'))).toEqual(holderHash);
       until.open();
       await holding;
       expect(await exists(key('pay:6'))).toBe(0);
@@ -823,7 +824,7 @@ describe('@DisLock on plain providers', () => {
       const first = await outliving;
       expect(first.owner).not.toBe(next.owner);
       expect(lostReason(first.signal.reason)).toBe('expired');
-      expect(await redis.hgetall(key('exp-gated:1'))).toEqual({ [next.owner]: '1' });
+      expect(await holdsOf(redis, key('exp-gated:1'))).toEqual({ [next.owner]: '1' });
       expect(await next.release()).toBe(true);
       expect(warn).toHaveBeenCalled();
     });
@@ -875,7 +876,7 @@ describe('@DisLock on plain providers', () => {
     it('leaves the key to expire, no longer renewed, and excludes others until then', async () => {
       const leases = t.get(Leases);
       const owner = await leases.keep(1);
-      expect(await redis.hgetall(key('keep:1'))).toEqual({ [owner]: '1' });
+      expect(await holdsOf(redis, key('keep:1'))).toEqual({ [owner]: '1' });
       const first = await redis.pttl(key('keep:1'));
       expect(first).toBeGreaterThan(0);
       expect(first).toBeLessThanOrEqual(600);
@@ -886,18 +887,18 @@ describe('@DisLock on plain providers', () => {
 
       const blocked = await rejection(leases.keep(1));
       expect(blocked).toBeInstanceOf(LockNotAcquiredError);
-      expect(await redis.hgetall(key('keep:1'))).toEqual({ [owner]: '1' });
+      expect(await holdsOf(redis, key('keep:1'))).toEqual({ [owner]: '1' });
 
       expect(await eventually(async () => (await exists(key('keep:1'))) === 0, 2000)).toBe(true);
       const nextOwner = await leases.keep(1);
       expect(nextOwner).not.toBe(owner);
-      expect(await redis.hgetall(key('keep:1'))).toEqual({ [nextOwner]: '1' });
+      expect(await holdsOf(redis, key('keep:1'))).toEqual({ [nextOwner]: '1' });
     });
 
     it('leaves the key also when the method fails, and passes the error on', async () => {
       const error = new Error('job failed');
       expect(await rejection(t.get(Leases).keepThrowing(1, error))).toBe(error);
-      const hash = await redis.hgetall(key('keep-throw:1'));
+      const hash = await holdsOf(redis, key('keep-throw:1'));
       expect(Object.values(hash)).toEqual(['1']);
       const pttl = await redis.pttl(key('keep-throw:1'));
       expect(pttl).toBeGreaterThan(0);
@@ -1154,8 +1155,8 @@ describe('two applications in one process', () => {
 
     const seen = await b.get(PerApp).run(1, async () => ({
       ownerB: must(b.locks.current()).owner,
-      shared: await redis.hgetall(`${prefix}shared:1`),
-      private: await privateClient.hgetall(`${prefix}shared:1`),
+      shared: await holdsOf(redis, `${prefix}shared:1`),
+      private: await holdsOf(privateClient, `${prefix}shared:1`),
     }));
     expect(seen.ownerB).not.toBe(ownerA);
     expect(seen.shared).toEqual({ [ownerA]: '1' });
@@ -1175,8 +1176,8 @@ describe('two applications in one process', () => {
         ownerA,
         stillA: a.locks.current('shared:2')?.owner,
         ownerB: must(b.locks.current()).owner,
-        shared: await redis.hgetall(`${prefix}shared:2`),
-        private: await privateClient.hgetall(`${prefix}shared:2`),
+        shared: await holdsOf(redis, `${prefix}shared:2`),
+        private: await holdsOf(privateClient, `${prefix}shared:2`),
       }));
     });
     expect(seen.stillA).toBe(seen.ownerA);

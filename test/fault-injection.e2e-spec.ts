@@ -36,6 +36,7 @@ import {
   type StalledHolderMessage,
   type StalledHolderReport,
 } from './support/workers/fault-protocol';
+import { holdsOf } from './support/lock-hash';
 import { FENCE_MARKER, fenceKeyFor, HASH_SLOTS, keySlot, slotTag } from '../lib/store/redis/fence-key';
 import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
 
@@ -276,7 +277,7 @@ describe('fault injection', () => {
           lose: async ({ h, redis }) => void (await redis.multi().del(h.key).hset(h.key, OTHER_OWNER, '1').exec()),
           withinMs: 1_000,
           after: async ({ h, redis }) => {
-            expect(await redis.hgetall(h.key)).toEqual({ [OTHER_OWNER]: '1' });
+            expect(await holdsOf(redis, h.key)).toEqual({ [OTHER_OWNER]: '1' });
             expect(await redis.pttl(h.key)).toBe(-1); // never renewed by the old holder
           },
         },
@@ -344,7 +345,7 @@ describe('fault injection', () => {
         renewals = countRenewals(track(await redis.monitor()), redis, `${t.prefix}hooked`);
       }
       const h = await t.locks.lock('hooked', { ...c.options, onLockLost: perCall });
-      expect(await redis.hgetall(h.key)).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(redis, h.key)).toEqual({ [h.owner]: '1' });
       expect(moduleHook).not.toHaveBeenCalled();
 
       await c.lose({ t, h, redis, server });
@@ -448,7 +449,7 @@ describe('fault injection', () => {
       expect(await eventually(() => inside !== undefined)).toBe(true);
       const h = inside as LockHandle;
       expect(h.name).toBe('job:7');
-      expect(await redis.hgetall(h.key)).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(redis, h.key)).toEqual({ [h.owner]: '1' });
 
       await redis.del(h.key);
       expect(lostReason(await abortReason(h.signal, 1_000))).toBe('not-owner');
@@ -474,12 +475,12 @@ describe('fault injection', () => {
       await redis.del(h.key);
       const other = await t.locks.lock('taken', { lockWatchdogTimeout: 10_000 });
       expect(other.owner).not.toBe(h.owner);
-      const othersKey = await redis.hgetall(h.key);
+      const othersKey = await holdsOf(redis, h.key);
       expect(othersKey).toEqual({ [other.owner]: '1' });
       expect(h.signal.aborted).toBe(false); // nobody has noticed yet
 
       expect(await h.release()).toBe(false);
-      expect(await redis.hgetall(h.key)).toEqual(othersKey);
+      expect(await holdsOf(redis, h.key)).toEqual(othersKey);
       expect(await redis.pttl(h.key)).toBeGreaterThan(9_000);
       expect(lostReason(h.signal.reason)).toBe('not-owner');
       expectOneEvent([perCall, moduleHook], h, 'not-owner');
@@ -489,7 +490,7 @@ describe('fault injection', () => {
       expect(perCall).toHaveBeenCalledTimes(1);
       expect(moduleHook).toHaveBeenCalledTimes(1);
       expect(await h.release()).toBe(false);
-      expect(await redis.hgetall(h.key)).toEqual(othersKey);
+      expect(await holdsOf(redis, h.key)).toEqual(othersKey);
       expect(other.signal.aborted).toBe(false);
       expect(await other.release()).toBe(true);
       expect(await redis.exists(h.key)).toBe(0);
@@ -505,7 +506,7 @@ describe('fault injection', () => {
       expect(perCall).toHaveBeenCalledTimes(1);
       const other = await t.locks.lock('reported', { lockWatchdogTimeout: 10_000 });
       expect(await h.release()).toBe(false);
-      expect(await redis.hgetall(h.key)).toEqual({ [other.owner]: '1' });
+      expect(await holdsOf(redis, h.key)).toEqual({ [other.owner]: '1' });
       expect(perCall).toHaveBeenCalledTimes(1);
       expect(about(warn, 'reported')).toEqual([]);
       expect(await other.release()).toBe(true);
@@ -542,7 +543,7 @@ describe('fault injection', () => {
           outerHandle = outer;
           const inner = await t.locks.lock('nested-lost', { onLockLost: innerHook });
           expect(inner.fencingToken).toBe(outer.fencingToken);
-          expect(await redis.hgetall(outer.key)).toEqual({ [outer.owner]: '1' });
+          expect(await holdsOf(redis, outer.key)).toEqual({ [outer.owner]: '1' });
           await redis.del(outer.key);
           // The nested release only counts down in this process (reentrant holds are not counted
           // in Redis, so a re-sent command can never count one twice): it sees nothing yet.
@@ -616,7 +617,7 @@ describe('fault injection', () => {
           outer.fencingToken,
           outer.fencingToken,
         ]);
-        expect(await redis.hgetall(outer.key)).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, outer.key)).toEqual({ [outer.owner]: '1' });
         expect(await redis.get(fenceKey)).toBe(String(outer.fencingToken)); // no token issued
         expect(await inner.release()).toBe(false);
         expect(await tried.release()).toBe(false);
@@ -893,7 +894,7 @@ describe('fault injection', () => {
       const again = await t.locks.lock('stopped', { lockWatchdogTimeout: 600 });
       expect(again.owner).not.toBe(h.owner);
       expect(again.fencingToken).toBeGreaterThan(h.fencingToken);
-      expect(await fresh.hgetall(h.key)).toEqual({ [again.owner]: '1' });
+      expect(await holdsOf(fresh, h.key)).toEqual({ [again.owner]: '1' });
       expect(await again.release()).toBe(true);
       expect(unhandled).toEqual([]);
     });
@@ -948,7 +949,7 @@ describe('fault injection', () => {
         const next = await otherApp.locks.tryLock('res', { waitTime: 3_000, lockWatchdogTimeout: 5_000 });
         expect(next).not.toBeNull();
         const other = next as LockHandle;
-        expect(await redis.hgetall(holder.key)).toEqual({ [other.owner]: '1' });
+        expect(await holdsOf(redis, holder.key)).toEqual({ [other.owner]: '1' });
         expect(other.fencingToken).toBeGreaterThan(holder.fencingToken);
         expect(await fencedWrite(redis, resource, other.fencingToken, 'other:1')).toBe(true);
 
@@ -957,7 +958,7 @@ describe('fault injection', () => {
         expect(await readResource(redis, resource)).toEqual({ value: 'other:1', token: String(other.fencingToken) });
         // Its release is owner-safe and reports nothing more.
         expect(await holder.release()).toBe(false);
-        expect(await redis.hgetall(holder.key)).toEqual({ [other.owner]: '1' });
+        expect(await holdsOf(redis, holder.key)).toEqual({ [other.owner]: '1' });
         expect(perCall).toHaveBeenCalledTimes(1);
         expect(moduleHook).toHaveBeenCalledTimes(1);
         expect(other.signal.aborted).toBe(false);
@@ -1007,7 +1008,7 @@ describe('fault injection', () => {
 
       const locked = await next('locked', 15_000);
       expect(locked.firstWriteAccepted).toBe(true);
-      expect(await redis.hgetall(locked.key)).toEqual({ [locked.owner]: '1' });
+      expect(await holdsOf(redis, locked.key)).toEqual({ [locked.owner]: '1' });
       expect(await readResource(redis, config.resource)).toEqual({
         value: 'stalled-holder:1',
         token: String(locked.token),
@@ -1043,7 +1044,7 @@ describe('fault injection', () => {
         },
       ]);
       expect(await readResource(redis, config.resource)).toEqual({ value: 'parent', token: String(mine.fencingToken) });
-      expect(await redis.hgetall(mine.key)).toEqual({ [mine.owner]: '1' });
+      expect(await holdsOf(redis, mine.key)).toEqual({ [mine.owner]: '1' });
       expect(mine.signal.aborted).toBe(false);
       expect(await mine.release()).toBe(true);
       const exit = await new Promise<number | null>((done) => {

@@ -14,6 +14,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { settle, waitFor } from './support/async';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep, uniquePrefix } from './support/shared-redis';
+import { holdsOf } from './support/lock-hash';
 
 /**
  * Grants: a release (or a leave, or an acquire that finds the lock free with a line) hands the
@@ -128,7 +129,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
       expect(reply).toEqual([1, W, '', expect.stringMatching(/^\d+$/)]);
       const token = (reply as [number, string, string, string])[3];
       expect(Number(token)).toBeGreaterThan(holderToken);
-      expect(await redis.hgetall(k.key)).toEqual({ [`${W}:${token}`]: '0' });
+      expect(await holdsOf(redis, k.key)).toEqual({ [`${W}:${token}`]: '0' });
       const pttl = await redis.pttl(k.key);
       expect(pttl).toBeGreaterThan(0);
       expect(pttl).toBeLessThanOrEqual(GRANT_MS);
@@ -138,14 +139,14 @@ describe('grants: a release hands the lock to the head of its line', () => {
 
       // W's next attempt finds the grant not yet taken up: it takes it up under its own owner id.
       expect(await acquire('owner2', 5_000, W)).toEqual([1, Number(token)]);
-      expect(await redis.hgetall(k.key)).toEqual({ owner2: '1' });
+      expect(await holdsOf(redis, k.key)).toEqual({ owner2: '1' });
       expect(await redis.pttl(k.key)).toBeGreaterThan(4_500);
       expect(await redis.get(k.fence)).toBe(token); // no new token was issued
 
       // The grant's own owner id has gone: its renewal is refused, and a leave by W changes nothing.
       expect(await renew(`${W}:${token}`, 5_000)).toEqual([0]);
       expect(await leave(W)).toBe(0);
-      expect(await redis.hgetall(k.key)).toEqual({ owner2: '1' });
+      expect(await holdsOf(redis, k.key)).toEqual({ owner2: '1' });
       expect(await redis.pttl(k.key)).toBeGreaterThan(4_000);
       expect(await line()).toEqual({ order: [], deadlines: [] });
     });
@@ -155,16 +156,16 @@ describe('grants: a release hands the lock to the head of its line', () => {
       await heldWithLine('holder', W);
       const [, , , token] = (await release('holder')) as [number, string, string, string];
       const grantOwner = `${W}:${token}`;
-      expect(await redis.hgetall(k.key)).toEqual({ [grantOwner]: '0' });
+      expect(await holdsOf(redis, k.key)).toEqual({ [grantOwner]: '0' });
 
       expect(await renew(grantOwner, 5_000)).toEqual([1]);
-      expect(await redis.hgetall(k.key)).toEqual({ [grantOwner]: '1' });
+      expect(await holdsOf(redis, k.key)).toEqual({ [grantOwner]: '1' });
       expect(await redis.pttl(k.key)).toBeGreaterThan(4_000);
 
       const [taken, pttl] = await acquire('ownerX', 5_000, W);
       expect(taken).toBe(0);
       expect(pttl).toBeGreaterThan(4_000);
-      expect(await redis.hgetall(k.key)).toEqual({ [grantOwner]: '1' });
+      expect(await holdsOf(redis, k.key)).toEqual({ [grantOwner]: '1' });
       expect(await redis.get(k.fence)).toBe(token);
     });
 
@@ -180,7 +181,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
         expect(await line()).toEqual({ order: [V], deadlines: [V] });
 
         expect(await leave(W)).toBe(1);
-        const fields = await redis.hgetall(k.key);
+        const fields = await holdsOf(redis, k.key);
         const [field] = Object.keys(fields);
         expect(Object.keys(fields)).toHaveLength(1);
         expect(field).toMatch(new RegExp(`^${V}:\\d+$`));
@@ -204,7 +205,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
       await heldWithLine('holder', D, V);
       const [, , , token] = (await release('holder')) as [number, string, string, string];
       const grantedAt = performance.now();
-      expect(await redis.hgetall(k.key)).toEqual({ [`${D}:${token}`]: '0' });
+      expect(await holdsOf(redis, k.key)).toEqual({ [`${D}:${token}`]: '0' });
 
       const lapsed = await waitFor(
         async () => (await redis.exists(k.key)) === 0 && performance.now(),
@@ -223,7 +224,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
         const token2 = await redis.get(k.fence);
         expect(refused).toEqual([0, -3, GRANT_MS]); // the new head has the grant's 250 ms to take it up
         expect(Number(token2)).toBeGreaterThan(Number(token));
-        expect(await redis.hgetall(k.key)).toEqual({ [`${V}:${token2}`]: '0' });
+        expect(await holdsOf(redis, k.key)).toEqual({ [`${V}:${token2}`]: '0' });
         const pttl = await redis.pttl(k.key);
         expect(pttl).toBeGreaterThan(0);
         expect(pttl).toBeLessThanOrEqual(GRANT_MS);
@@ -253,7 +254,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
         const channel = await listen();
         try {
           expect(await release('p1')).toEqual([1, A, B, '']);
-          expect(Object.keys(await redis.hgetall(k.key))).toEqual(['p2']); // nothing granted
+          expect(Object.keys(await holdsOf(redis, k.key))).toEqual(['p2']); // nothing granted
           expect((await line()).order).toEqual([A, B, C]); // the head takes its permit itself
           // C gives up: it headed nothing, nobody needs to hear of it.
           expect(await leave(C)).toBe(0);
@@ -286,7 +287,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
           expect(await eventually(() => channel.messages.length === 2, 1_000)).toBe(true);
           expect(channel.messages[1]).toBe(`${NOTICE}:${R2}::`);
           expect((await acquireShared(`attempt-of-${R2}`, R2, 0))[0]).toBe(1);
-          expect(Object.keys(await redis.hgetall(k.key)).sort()).toEqual(
+          expect(Object.keys(await holdsOf(redis, k.key)).sort()).toEqual(
             [`attempt-of-${R1}`, `attempt-of-${R2}`].sort(),
           );
         } finally {
@@ -344,7 +345,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
 
     /** Redis holds `key` for `owner` alone, taken up. */
     const takenUp = (key: string, owner: string): Promise<boolean> =>
-      eventually(async () => JSON.stringify(await redis.hgetall(key)) === JSON.stringify({ [owner]: '1' }), 1_000, 5);
+      eventually(async () => JSON.stringify(await holdsOf(redis, key)) === JSON.stringify({ [owner]: '1' }), 1_000, 5);
 
     beforeAll(async () => {
       vi.spyOn(RedisLockStore.prototype, 'acquire').mockImplementation(async function (
@@ -449,7 +450,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
       // Renewed every second: 1.5 s later (midway between the renewals at 1 s and 2 s, not just
       // after the first) the lease is back near 2.5 s; left alone, it would be < 1.5 s.
       await sleep(1_500);
-      expect(await redis.hgetall(key)).toEqual({ [handle.owner]: '1' });
+      expect(await holdsOf(redis, key)).toEqual({ [handle.owner]: '1' });
       expect(await redis.pttl(key)).toBeGreaterThan(2_000);
       expect(handle.signal.aborted).toBe(false);
       const renewed = renewals.filter((call) => call.requests.some((request) => request.owner === handle.owner));
@@ -477,7 +478,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
       expect(handle.fencingToken).toBeGreaterThan(holder.fencingToken);
       expect(misses(from, key)).toHaveLength(2);
       expect(takes(from, key)).toHaveLength(1);
-      expect(await redis.hgetall(key)).toEqual({ [handle.owner]: '1' });
+      expect(await holdsOf(redis, key)).toEqual({ [handle.owner]: '1' });
       expect(await redis.pttl(key)).toBeGreaterThan(4_500);
 
       expect(await handle.release()).toBe(true);
@@ -561,7 +562,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
 
       const early = await Promise.race([second, sleep(150).then(() => 'still waiting' as const)]);
       expect(early).toBe('still waiting');
-      expect(await redis.hgetall(keys.key)).toEqual({ [h1.owner]: '1' });
+      expect(await holdsOf(redis, keys.key)).toEqual({ [h1.owner]: '1' });
       expect(h1.signal.aborted).toBe(false);
 
       expect(await h1.release()).toBe(true);
@@ -612,7 +613,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
       const handedAt = performance.now();
       expect(outcome.ok).toBe(true);
       const handle = (outcome as { value: LockHandle }).value;
-      const inRedis = await redis.hgetall(keys.key);
+      const inRedis = await holdsOf(redis, keys.key);
       const lastToken = Number(await redis.get(keys.fence));
       await sleep(100);
       const lostSoon = handle.signal.aborted;

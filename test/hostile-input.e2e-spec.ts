@@ -18,6 +18,7 @@ import { freePort, RedisServer } from './support/redis-server';
 import { uniquePrefix } from './support/shared-redis';
 import { WorkerChild } from './support/workers/hostile-child-process';
 import type { ErrorReport } from './support/workers/hostile-worker';
+import { holdsOf } from './support/lock-hash';
 
 const WORKER = 'hostile-worker.ts';
 
@@ -322,7 +323,7 @@ describeTls('TLS (private redis-server with --tls-port)', () => {
     });
     const redis = tlsClient();
     const handle = await app.locks.lock('tls-options');
-    expect(await redis.hgetall(`${app.prefix}tls-options`)).toEqual({ [handle.owner]: '1' });
+    expect(await holdsOf(redis, `${app.prefix}tls-options`)).toEqual({ [handle.owner]: '1' });
     expect(await handle.release()).toBe(true);
     expect(await redis.exists(`${app.prefix}tls-options`)).toBe(0);
   });
@@ -334,7 +335,7 @@ describeTls('TLS (private redis-server with --tls-port)', () => {
     app = await createTestApp([], { redis: own, operationTimeout: 2_000 });
     const redis = tlsClient();
     const handle = await app.locks.lock('tls-client');
-    expect(await redis.hgetall(`${app.prefix}tls-client`)).toEqual({ [handle.owner]: '1' });
+    expect(await holdsOf(redis, `${app.prefix}tls-client`)).toEqual({ [handle.owner]: '1' });
     expect(await handle.release()).toBe(true);
     expect(await redis.exists(`${app.prefix}tls-client`)).toBe(0);
     await app.close();
@@ -352,7 +353,7 @@ describeTls('TLS (private redis-server with --tls-port)', () => {
     const held = await worker.next('held', 15_000);
     expect(held.key).toBe(`${keyPrefix}over-tls`);
     const redis = tlsClient();
-    expect(await redis.hgetall(held.key as string)).toEqual({ [held.owner as string]: '1' });
+    expect(await holdsOf(redis, held.key as string)).toEqual({ [held.owner as string]: '1' });
     worker.send('release');
     const closed = await worker.next('closed', 5_000);
     expect(closed.released).toBe(true);

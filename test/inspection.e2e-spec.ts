@@ -5,6 +5,7 @@ import { DisLock, type LockHandle, LockService } from 'nestjs-dislock';
 import { createTestApp, type TestApp } from './support/app';
 import { abortReason, gate, lostReason, settle } from './support/async';
 import { eventually, sharedClient, sleep } from './support/shared-redis';
+import { holdsOf } from './support/lock-hash';
 
 @Injectable()
 class Jobs {
@@ -69,7 +70,7 @@ describe('LockService.inspect and forceUnlock on a real Redis', () => {
     expect(holder.ttl).toBeLessThanOrEqual(600);
     expect(holder.since?.getTime()).toBeGreaterThanOrEqual(before - 50);
     expect(holder.since?.getTime()).toBeLessThanOrEqual(Date.now());
-    expect(Object.keys(await redis.hgetall(a.prefix + 'job:7'))).toEqual([holder.owner]);
+    expect(Object.keys(await holdsOf(redis, a.prefix + 'job:7'))).toEqual([holder.owner]);
     const mine = await a.locks.inspect('job:7');
     expect(mine.holders[0]).toMatchObject({ owner: holder.owner, mine: true, holds: 1 });
     hold.open();

@@ -27,6 +27,7 @@ import {
 } from './support/workers/family-churn-protocol';
 import { WorkerInbox } from './support/workers/worker-inbox';
 import { type WorkerProcess, WorkerSet } from './support/workers/worker-process';
+import { holdsOf } from './support/lock-hash';
 
 /** Starting workers (node + Nest + ioredis) takes ~0.5-1 s of CPU each; several at once on 2 busy cores, more. */
 const START_TIMEOUT = 25_000;
@@ -335,7 +336,7 @@ describe('the lock family across processes: semaphores, read-write locks, multi-
     const reader = await mixed.next('held', 'r');
 
     // A read hold: its field holds the end of its own lease, not an exclusive hold's 1 (or 0)...
-    const hash = await redis.hgetall(key);
+    const hash = await holdsOf(redis, key);
     const now = await serverNow();
     expect(Object.keys(hash)).toEqual([reader.owner]);
     expect(Number(hash[reader.owner])).toBeGreaterThan(now.ms);
@@ -410,11 +411,11 @@ describe('the lock family across processes: semaphores, read-write locks, multi-
         lease: 5_000,
         waitTime: 0,
       });
-      const blockerHash = await redis.hgetall(keys[blocked]);
+      const blockerHash = await holdsOf(redis, keys[blocked]);
       expect(Object.keys(blockerHash)).toEqual([held.owner]);
       const shuffled = [names[2], names[0], names[1]];
       const expectOnlyBlocker = async (): Promise<void> => {
-        const hashes = await Promise.all(keys.map((key) => redis.hgetall(key)));
+        const hashes = await Promise.all(keys.map((key) => holdsOf(redis, key)));
         expect(hashes.map((hash, i) => (i === blocked ? Object.keys(hash) : hash))).toEqual(
           keys.map((_key, i) => (i === blocked ? [held.owner] : {})),
         );
@@ -452,7 +453,7 @@ describe('the lock family across processes: semaphores, read-write locks, multi-
       const all = await caller.hold('all', { kind: 'multi', names: shuffled, lease: 5_000, waitTime: 0 });
       expect(all.parts.map((part) => part.key)).toEqual([...keys].sort());
       expect(all.token).toBe(Math.max(...all.parts.map((part) => part.token)));
-      expect(await Promise.all(all.parts.map((part) => redis.hgetall(part.key)))).toEqual(
+      expect(await Promise.all(all.parts.map((part) => holdsOf(redis, part.key)))).toEqual(
         all.parts.map((part) => ({ [part.owner]: '1' })),
       );
       // The blocked name's token is above the blocker's.
@@ -498,7 +499,7 @@ describe('the lock family across processes: semaphores, read-write locks, multi-
       await until(async () => (await redis.zcard(lineKey)) === 1, 'the observer in the line');
       // Every holder's own lease is renewed: all three still hold past their first lease.
       await sleep(Math.max(0, lockedAt + LEASE + 200 - Date.now()));
-      const before = await redis.hgetall(key);
+      const before = await holdsOf(redis, key);
       expect(Object.keys(before).sort()).toEqual([...owners].sort());
       expect(observer.has('held', 'obs')).toBe(false);
 
@@ -518,7 +519,7 @@ describe('the lock family across processes: semaphores, read-write locks, multi-
       expect(got.at).toBeGreaterThanOrEqual(lease.leaseEnd - 10);
       expect(got.at).toBeLessThanOrEqual(lease.leaseEnd + 250);
       // The two live holders kept their permits; the dead one's is the observer's now.
-      const after = await redis.hgetall(key);
+      const after = await holdsOf(redis, key);
       expect(Object.keys(after).sort()).toEqual([owners[0], owners[1], got.owner].sort());
       const now = await serverNow();
       for (const ends of Object.values(after)) expect(Number(ends)).toBeGreaterThan(now.ms);
@@ -545,7 +546,7 @@ describe('the lock family across processes: semaphores, read-write locks, multi-
       expect((await lateReader.next('gave-up', 'late')).how).toBe('null');
       // The reader's lease is renewed: still held past the first one.
       await sleep(Math.max(0, held.at + LEASE + 200 - Date.now()));
-      expect(Object.keys(await redis.hgetall(key))).toEqual([held.owner]);
+      expect(Object.keys(await holdsOf(redis, key))).toEqual([held.owner]);
       expect(writer.has('held', 'w')).toBe(false);
 
       const lease = await kill(victim, key, held.owner);
@@ -559,7 +560,7 @@ describe('the lock family across processes: semaphores, read-write locks, multi-
       expect(got.at).toBeGreaterThanOrEqual(lease.leaseEnd - 10);
       expect(got.at).toBeLessThanOrEqual(lease.leaseEnd + 250);
       expect(got.token).toBeGreaterThan(held.token);
-      expect(await redis.hgetall(key)).toEqual({ [got.owner]: '1' });
+      expect(await holdsOf(redis, key)).toEqual({ [got.owner]: '1' });
     }, 30_000);
 
     it("one of two readers (lease 600 ms): the writer waits for the live reader, past the dead one's lease, and gets in when it releases", async () => {
@@ -581,7 +582,7 @@ describe('the lock family across processes: semaphores, read-write locks, multi-
       // Well past the dead reader's lease, the live one still holds (its own lease, renewed), and so
       // the writer still waits.
       await sleep(Math.max(0, lease.leaseEnd + 300 - Date.now()));
-      const hash = await redis.hgetall(key);
+      const hash = await holdsOf(redis, key);
       const now = await serverNow();
       expect(Number(hash[live.owner])).toBeGreaterThan(now.ms);
       if (hash[dead.owner] !== undefined) expect(Number(hash[dead.owner])).toBeLessThanOrEqual(now.ms);
@@ -594,7 +595,7 @@ describe('the lock family across processes: semaphores, read-write locks, multi-
       expect(got.at).toBeGreaterThanOrEqual(released.at - 5);
       expect(got.at).toBeLessThanOrEqual(released.at + 250);
       expect(got.token).toBeGreaterThan(Math.max(dead.token, live.token));
-      expect(await redis.hgetall(key)).toEqual({ [got.owner]: '1' });
+      expect(await holdsOf(redis, key)).toEqual({ [got.owner]: '1' });
     }, 30_000);
   });
 });

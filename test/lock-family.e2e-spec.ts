@@ -17,6 +17,7 @@ import { RedisServer } from './support/redis-server';
 import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared.script';
 import { fenceKeyFor, lineKeysFor } from '../lib/store/redis/fence-key';
 import { eventually, sharedClient, sleep, uniquePrefix } from './support/shared-redis';
+import { holdsOf } from './support/lock-hash';
 
 /** The server's clock in ms, as the scripts read it. */
 async function serverMs(redis: Redis): Promise<number> {
@@ -94,7 +95,7 @@ describe('the lock family on a real Redis', () => {
       const r2 = (await b.locks.tryLock(name, { mode: 'read', lockWatchdogTimeout: 4_000 })) as LockHandle;
       expect(r1).not.toBeNull();
       expect(r2).not.toBeNull();
-      const held = await redis.hgetall(key(name));
+      const held = await holdsOf(redis, key(name));
       const now = await serverMs(redis);
       expect(Object.keys(held).sort()).toEqual([r1.owner, r2.owner].sort());
       expect(Number(held[r1.owner]) - now).toBeGreaterThan(1_500);
@@ -105,7 +106,7 @@ describe('the lock family on a real Redis', () => {
       expect(await b.locks.tryLock(name)).toBeNull(); // a plain lock is the write lock
 
       expect(await r2.release()).toBe(true);
-      expect(await redis.hgetall(key(name))).toEqual({ [r1.owner]: held[r1.owner] });
+      expect(await holdsOf(redis, key(name))).toEqual({ [r1.owner]: held[r1.owner] });
       expect(await redis.pttl(key(name))).toBeLessThanOrEqual(2_000); // back to the one left
       expect(await r1.release()).toBe(true);
       expect(await redis.exists(key(name))).toBe(0);
@@ -114,7 +115,7 @@ describe('the lock family on a real Redis', () => {
     it('a reader is refused while a writer holds, and gets in once it releases', async () => {
       const name = fresh('rw');
       const writer = await a.locks.lock(name, { mode: 'write' });
-      expect(await redis.hgetall(key(name))).toEqual({ [writer.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [writer.owner]: '1' });
       expect(await b.locks.tryLock(name, { mode: 'read' })).toBeNull();
       const reader = settle(b.locks.lock(name, { mode: 'read', waitTime: 5_000 }));
       await sleep(50);
@@ -140,9 +141,9 @@ describe('the lock family on a real Redis', () => {
       const w = await writer;
       expect(w.ok).toBe(true);
       const writeHandle = (w as { value: LockHandle }).value;
-      expect(await redis.hgetall(key(name))).toEqual({ [writeHandle.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [writeHandle.owner]: '1' });
       await sleep(50);
-      expect(await redis.hlen(key(name))).toBe(1); // the late reader still waits
+      expect(Object.keys(await holdsOf(redis, key(name)))).toHaveLength(1); // the late reader still waits
       expect(await writeHandle.release()).toBe(true);
       const r = await lateReader;
       expect(r.ok).toBe(true);
@@ -183,7 +184,7 @@ describe('the lock family on a real Redis', () => {
           const inner = await a.locks.lock(name, { mode: 'read' });
           expect(inner.owner).toBe(writer.owner);
           expect(await inner.release()).toBe(false); // the writer's hold goes on
-          expect(await redis.hgetall(key(name))).toEqual({ [writer.owner]: '1' });
+          expect(await holdsOf(redis, key(name))).toEqual({ [writer.owner]: '1' });
         },
         { mode: 'write' },
       );
@@ -199,7 +200,7 @@ describe('the lock family on a real Redis', () => {
           const again = await a.locks.lock(name, { mode: 'read' });
           expect(again.owner).toBe(reader.owner); // a second read re-enters
           await again.release();
-          expect(await redis.hlen(key(name))).toBe(1);
+          expect(Object.keys(await holdsOf(redis, key(name)))).toHaveLength(1);
         },
         { mode: 'read' },
       );
@@ -213,7 +214,7 @@ describe('the lock family on a real Redis', () => {
       dying.stopRenewal(); // as if its process had died: no renewal, no release
       const stoppedAt = performance.now();
       await sleep(700);
-      const held = await redis.hgetall(key(name));
+      const held = await holdsOf(redis, key(name));
       expect(Object.keys(held)).toContain(renewed.owner);
       expect(Number(held[renewed.owner])).toBeGreaterThan(await serverMs(redis));
       expect(renewed.signal.aborted).toBe(false);
@@ -234,7 +235,7 @@ describe('the lock family on a real Redis', () => {
       const waited = performance.now() - started;
       expect(waited).toBeGreaterThan(250);
       expect(waited).toBeLessThan(1_500);
-      expect(await redis.hgetall(key(name))).toEqual({ [writer.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [writer.owner]: '1' });
       await writer.release();
     });
 
@@ -268,14 +269,14 @@ describe('the lock family on a real Redis', () => {
       ];
       expect(holders.every((h) => h !== null)).toBe(true);
       expect(await b.locks.tryLock(name, { permits: 3 })).toBeNull();
-      expect(await redis.hlen(key(name))).toBe(3);
+      expect(Object.keys(await holdsOf(redis, key(name)))).toHaveLength(3);
       const owners = new Set(holders.map((h) => h?.owner));
       expect(owners.size).toBe(3);
       const tokens = holders.map((h) => h?.fencingToken ?? 0);
       expect(tokens).toEqual([...tokens].sort((x, y) => x - y));
       expect(new Set(tokens).size).toBe(3);
       expect(await holders[1]?.release()).toBe(true);
-      expect(await redis.hlen(key(name))).toBe(2);
+      expect(Object.keys(await holdsOf(redis, key(name)))).toHaveLength(2);
       const fourth = await b.locks.tryLock(name, { permits: 3 });
       expect(fourth).not.toBeNull();
       for (const h of [holders[0], holders[2], fourth]) await h?.release();
@@ -304,7 +305,7 @@ describe('the lock family on a real Redis', () => {
       const waited = performance.now() - started;
       expect(waited).toBeGreaterThan(200);
       expect(waited).toBeLessThan(1_500);
-      const held = await redis.hgetall(key(name));
+      const held = await holdsOf(redis, key(name));
       expect(Object.keys(held).sort()).toEqual([live.owner, third.owner].sort());
       expect(live.signal.aborted).toBe(false);
       await live.release();
@@ -326,7 +327,7 @@ describe('the lock family on a real Redis', () => {
       expect(first[0]).toBe(1);
       expect(second[0]).toBe(1);
       expect(second[1]).toBeGreaterThan(first[1]);
-      expect(await redis.hlen(key(name))).toBe(2);
+      expect(Object.keys(await holdsOf(redis, key(name)))).toHaveLength(2);
       expect(await redis.pttl(key(name))).toBeGreaterThan(4_000); // the other holder's lease, not cut to 1 s
       await redis.hdel(key(name), 'resent-owner');
       await long.release();
@@ -342,7 +343,7 @@ describe('the lock family on a real Redis', () => {
       expect(await b.locks.tryLock(name, { permits: 2 })).toBeNull();
       const more = await b.locks.tryLock(name, { permits: 5 });
       expect(more).not.toBeNull();
-      expect(await redis.hlen(key(name))).toBe(4);
+      expect(Object.keys(await holdsOf(redis, key(name)))).toHaveLength(4);
       await more?.release();
       await held[0].release();
       expect(await b.locks.tryLock(name, { permits: 2 })).toBeNull(); // still 2 holders
@@ -383,7 +384,7 @@ describe('the lock family on a real Redis', () => {
       const name = fresh('sem');
       const permit = await a.locks.lock(name, { permits: 1, lockAtLeastFor: 400 });
       expect(await permit.release()).toBe(false);
-      const held = await redis.hgetall(key(name));
+      const held = await holdsOf(redis, key(name));
       expect(Object.keys(held)).toEqual([permit.owner]);
       const left = Number(held[permit.owner]) - (await serverMs(redis));
       expect(left).toBeGreaterThan(250);
@@ -400,7 +401,7 @@ describe('the lock family on a real Redis', () => {
       const hold = gate();
       const first = catalog.exportOne(hold.promise);
       const second = b.get(Catalog).exportOne(hold.promise);
-      await eventually(async () => (await redis.hlen(key('export'))) === 2);
+      await eventually(async () => Object.keys(await holdsOf(redis, key('export'))).length === 2);
       await expect(catalog.exportOne(Promise.resolve())).rejects.toBeInstanceOf(LockNotAcquiredError);
       hold.open();
       const owners = await Promise.all([first, second]);
@@ -415,7 +416,7 @@ describe('the lock family on a real Redis', () => {
       const set = await a.locks.lock([x, y, x]);
       expect(set.locks.map((part) => part.name)).toEqual([x, y].sort());
       expect(set.name).toBe([x, y].sort().join(', '));
-      for (const part of set.locks) expect(await redis.hgetall(part.key)).toEqual({ [part.owner]: '1' });
+      for (const part of set.locks) expect(await holdsOf(redis, part.key)).toEqual({ [part.owner]: '1' });
       expect(set.fencingToken).toBe(Math.max(...set.locks.map((part) => part.fencingToken)));
       expect(await b.locks.tryLock(x)).toBeNull();
       expect(await set.release()).toBe(true);
@@ -460,13 +461,13 @@ describe('the lock family on a real Redis', () => {
       const blocker = await b.locks.lock(y);
       const taking = a.locks.lock([x, y], { lockWatchdogTimeout: 300, waitTime: 3_000 });
       expect(await eventually(async () => (await redis.exists(key(x))) === 1)).toBe(true);
-      const firstOwner = Object.keys(await redis.hgetall(key(x)))[0];
+      const firstOwner = Object.keys(await holdsOf(redis, key(x)))[0];
       await redis.del(key(x)); // lost: its next renewal finds it gone
       await sleep(250);
       await blocker.release();
       const set = await taking;
       expect(set.signal.aborted).toBe(false);
-      for (const part of set.locks) expect(await redis.hgetall(part.key)).toEqual({ [part.owner]: '1' });
+      for (const part of set.locks) expect(await holdsOf(redis, part.key)).toEqual({ [part.owner]: '1' });
       expect(set.locks[0].owner).not.toBe(firstOwner);
       await set.release();
     });

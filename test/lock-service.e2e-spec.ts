@@ -5,6 +5,7 @@ import { DisLockError, type LockHandle, LockLostError, LockNotAcquiredError, typ
 import { createTestApp, type TestApp } from './support/app';
 import { eventually, sharedClient, sleep } from './support/shared-redis';
 import { abortReason, lostReason, gate } from './support/async';
+import { holdsOf } from './support/lock-hash';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
@@ -97,7 +98,7 @@ describe('LockService on a real Redis', () => {
       expect(h.owner).toMatch(OWNER);
       expect(h.signal.aborted).toBe(false);
       expect(await redis.type(key(name))).toBe('hash');
-      expect(await redis.hgetall(key(name))).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [h.owner]: '1' });
       const pttl = await redis.pttl(key(name));
       expect(pttl).toBeGreaterThan(1_000);
       expect(pttl).toBeLessThanOrEqual(2_000);
@@ -108,7 +109,7 @@ describe('LockService on a real Redis', () => {
     it('lock with a fixed expire sets PTTL = expire', async () => {
       const name = fresh();
       const h = await locks.lock(name, { expire: 1_500 });
-      expect(await redis.hgetall(key(name))).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [h.owner]: '1' });
       const pttl = await redis.pttl(key(name));
       expect(pttl).toBeGreaterThan(1_000);
       expect(pttl).toBeLessThanOrEqual(1_500);
@@ -132,7 +133,7 @@ describe('LockService on a real Redis', () => {
       const name = fresh();
       const seen = await locks.withLock(name, async (h) => {
         expect(h.name).toBe(name);
-        return redis.hgetall(key(name)).then((hash) => ({ hash, owner: h.owner }));
+        return holdsOf(redis, key(name)).then((hash) => ({ hash, owner: h.owner }));
       });
       expect(seen.hash).toEqual({ [seen.owner]: '1' });
       expect(await redis.exists(key(name))).toBe(0);
@@ -144,7 +145,7 @@ describe('LockService on a real Redis', () => {
       const name = fresh();
       const holder = await locks.lock(name, { lockWatchdogTimeout: 5_000 });
       expect(await locks.tryLock(name)).toBeNull();
-      expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [holder.owner]: '1' });
       await holder.release();
     });
 
@@ -161,7 +162,7 @@ describe('LockService on a real Redis', () => {
       expect(e.statusCode).toBe(409);
       expect(e.lockName).toBe(name);
       expect(e.waitedMs).toBe(0);
-      expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [holder.owner]: '1' });
       await holder.release();
     });
 
@@ -186,7 +187,7 @@ describe('LockService on a real Redis', () => {
       expect(elapsed).toBeLessThan(2_000);
       const w = waiter as LockHandle;
       expect(w.owner).not.toBe(holder.owner);
-      expect(await redis.hgetall(key(name))).toEqual({ [w.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [w.owner]: '1' });
       await w.release();
     });
 
@@ -206,7 +207,7 @@ describe('LockService on a real Redis', () => {
       expect((error as LockNotAcquiredError).waitedMs).toBe(300);
       expect(elapsed).toBeGreaterThanOrEqual(250);
       expect(elapsed).toBeLessThan(1_500);
-      expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [holder.owner]: '1' });
       await holder.release();
     });
   });
@@ -217,7 +218,7 @@ describe('LockService on a real Redis', () => {
       const h = await locks.lock(name, { lockWatchdogTimeout: 5_000 });
       await redis.multi().del(key(name)).hset(key(name), 'intruder', '1').pexpire(key(name), 5_000).exec();
       expect(await h.release()).toBe(false);
-      expect(await redis.hgetall(key(name))).toEqual({ intruder: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ intruder: '1' });
       expect(await redis.pttl(key(name))).toBeGreaterThan(4_000);
       await redis.del(key(name));
     });
@@ -232,13 +233,13 @@ describe('LockService on a real Redis', () => {
       expect(reason).toBeInstanceOf(LockLostError);
       expect(lostReason(reason)).toBe('not-owner');
       expect((reason as LockLostError).lockName).toBe(name);
-      expect(await redis.hgetall(key(name))).toEqual({ intruder: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ intruder: '1' });
       // Not renewed by us: the intruder's TTL only goes down.
       const pttl = await redis.pttl(key(name));
       await sleep(250);
       expect(await redis.pttl(key(name))).toBeLessThan(pttl);
       expect(await h.release()).toBe(false);
-      expect(await redis.hgetall(key(name))).toEqual({ intruder: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ intruder: '1' });
       await redis.del(key(name));
     });
 
@@ -264,7 +265,7 @@ describe('LockService on a real Redis', () => {
       expect(await redis.exists(key(name))).toBe(0);
       const next = await locks.lock(name);
       expect(await h.release()).toBe(false);
-      expect(await redis.hgetall(key(name))).toEqual({ [next.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [next.owner]: '1' });
       expect(await next.release()).toBe(true);
       expect(await next.release()).toBe(false);
     });
@@ -273,11 +274,11 @@ describe('LockService on a real Redis', () => {
       const name = fresh();
       await locks.withLock(name, async (outer) => {
         const inner = await locks.lock(name);
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
         expect(await inner.release()).toBe(false);
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
         expect(await inner.release()).toBe(false);
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
       });
       expect(await redis.exists(key(name))).toBe(0);
     });
@@ -294,7 +295,7 @@ describe('LockService on a real Redis', () => {
           const after = await redis.pttl(key(name));
           expect(after).toBeGreaterThan(0);
           expect(after).toBeLessThanOrEqual(before); // not stretched to 60 s
-          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+          expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
           expect(await inner.release()).toBe(false);
         },
         { expire: 1_000 },
@@ -308,27 +309,27 @@ describe('LockService on a real Redis', () => {
         await locks.withLock(name, async (inner) => {
           expect(inner.owner).toBe(outer.owner);
           expect(inner.signal).toBe(outer.signal);
-          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+          expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
           await locks.withLock(name, async () => {
-            expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+            expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
           });
-          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+          expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
         });
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
 
         const viaLock = await locks.lock(name);
         expect(viaLock.owner).toBe(outer.owner);
         expect(viaLock.signal).toBe(outer.signal);
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
         await viaLock.release();
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
 
         const viaTry = await locks.tryLock(name);
         expect(viaTry?.owner).toBe(outer.owner);
         expect(viaTry?.signal).toBe(outer.signal);
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
         await viaTry?.release();
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
       });
       expect(await redis.exists(key(name))).toBe(0);
     });
@@ -360,7 +361,7 @@ describe('LockService on a real Redis', () => {
           name,
           async (h) => {
             const from = performance.now();
-            expect(await redis.hgetall(key(name))).toEqual({ [h.owner]: '1' });
+            expect(await holdsOf(redis, key(name))).toEqual({ [h.owner]: '1' });
             await sleep(100);
             spans.push({ owner: h.owner, from, to: performance.now() });
           },
@@ -380,14 +381,14 @@ describe('LockService on a real Redis', () => {
         await locks.withLock(innerName, async (inner) => {
           expect(inner.owner).not.toBe(outer.owner);
           expect(inner.signal).not.toBe(outer.signal);
-          expect(await redis.hgetall(key(outerName))).toEqual({ [outer.owner]: '1' });
-          expect(await redis.hgetall(key(innerName))).toEqual({ [inner.owner]: '1' });
+          expect(await holdsOf(redis, key(outerName))).toEqual({ [outer.owner]: '1' });
+          expect(await holdsOf(redis, key(innerName))).toEqual({ [inner.owner]: '1' });
           expect(locks.current()).toBe(inner);
           expect(locks.current(outerName)).toBe(outer);
           expect(locks.current(innerName)).toBe(inner);
         });
         expect(await redis.exists(key(innerName))).toBe(0);
-        expect(await redis.hgetall(key(outerName))).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key(outerName))).toEqual({ [outer.owner]: '1' });
         expect(locks.current()).toBe(outer);
         expect(locks.current(innerName)).toBeUndefined();
       });
@@ -441,7 +442,7 @@ describe('LockService on a real Redis', () => {
       const resets = samples.filter((pttl, i) => i > 0 && pttl > samples[i - 1]).length;
       expect(resets).toBeGreaterThanOrEqual(3);
       expect(h.signal.aborted).toBe(false);
-      expect(await redis.hgetall(key(name))).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [h.owner]: '1' });
       expect(await h.release()).toBe(true);
     });
 
@@ -514,7 +515,7 @@ describe('LockService on a real Redis', () => {
       await sleep(1_300); // 13 intervals
       expect(h.signal.aborted).toBe(false);
       expect(await redis.pttl(key(name))).toBeGreaterThan(0);
-      expect(await redis.hgetall(key(name))).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [h.owner]: '1' });
       expect(await h.release()).toBe(true);
     });
   });
@@ -570,7 +571,7 @@ describe('LockService on a real Redis', () => {
       const name = fresh();
       const h = await locks.lock(name, { lockWatchdogTimeout: 2_000 });
       h.stopRenewal();
-      expect(await redis.hgetall(key(name))).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [h.owner]: '1' });
       expect(await h.release()).toBe(true);
       expect(await redis.exists(key(name))).toBe(0);
     });
@@ -584,7 +585,7 @@ describe('LockService on a real Redis', () => {
           inner.stopRenewal();
           await sleep(700); // > 2 leases
           expect(outer.signal.aborted).toBe(false);
-          expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+          expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
           await inner.release();
         },
         { lockWatchdogTimeout: 300 },
@@ -598,7 +599,7 @@ describe('LockService on a real Redis', () => {
       const name = fresh();
       {
         await using h = await locks.lock(name);
-        expect(await redis.hgetall(key(name))).toEqual({ [h.owner]: '1' });
+        expect(await holdsOf(redis, key(name))).toEqual({ [h.owner]: '1' });
       }
       expect(await redis.exists(key(name))).toBe(0);
     });
@@ -625,7 +626,7 @@ describe('LockService on a real Redis', () => {
       await locks.withLock(name, async (outer) => {
         const inner = await locks.lock(name);
         await inner[Symbol.asyncDispose]();
-        expect(await redis.hgetall(key(name))).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key(name))).toEqual({ [outer.owner]: '1' });
       });
       expect(await redis.exists(key(name))).toBe(0);
     });

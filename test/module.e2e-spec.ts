@@ -27,6 +27,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 import { eventually, sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
 import { lostReason, gate, settle } from './support/async';
+import { holdsOf } from './support/lock-hash';
 
 function sharedPort(): number {
   return Number(new URL(sharedRedisUrl()).port);
@@ -174,7 +175,7 @@ describe('DisLockModule', () => {
       const t = await createTestApp([], { redis: sharedRedisUrl() });
       try {
         const h = await t.locks.lock('url');
-        expect(await redis.hgetall(`${t.prefix}url`)).toEqual({ [h.owner]: '1' });
+        expect(await holdsOf(redis, `${t.prefix}url`)).toEqual({ [h.owner]: '1' });
         expect(await h.release()).toBe(true);
       } finally {
         await t.close();
@@ -185,7 +186,7 @@ describe('DisLockModule', () => {
       const t = await createTestApp([], { redis: { host: '127.0.0.1', port: sharedPort() } });
       try {
         const h = await t.locks.lock('opts');
-        expect(await redis.hgetall(`${t.prefix}opts`)).toEqual({ [h.owner]: '1' });
+        expect(await holdsOf(redis, `${t.prefix}opts`)).toEqual({ [h.owner]: '1' });
         expect(await h.release()).toBe(true);
       } finally {
         await t.close();
@@ -197,7 +198,7 @@ describe('DisLockModule', () => {
       try {
         const t = await createTestApp([], { redis: client });
         const h = await t.locks.lock('instance');
-        expect(await redis.hgetall(`${t.prefix}instance`)).toEqual({ [h.owner]: '1' });
+        expect(await holdsOf(redis, `${t.prefix}instance`)).toEqual({ [h.owner]: '1' });
         const held = await t.locks.lock('held-at-close');
         await t.close();
         // Held locks were still released through the user's client, and it stays open and usable.
@@ -224,7 +225,7 @@ describe('DisLockModule', () => {
         try {
           const h = await app.get(LockService).lock('default-prefix');
           expect(h.key).toBe('dislock:default-prefix');
-          expect(await assertions.hgetall('dislock:default-prefix')).toEqual({ [h.owner]: '1' });
+          expect(await holdsOf(assertions, 'dislock:default-prefix')).toEqual({ [h.owner]: '1' });
           expect(await h.release()).toBe(true);
           expect(await assertions.exists('dislock:default-prefix')).toBe(0);
         } finally {
@@ -242,7 +243,7 @@ describe('DisLockModule', () => {
       try {
         const h = await t.locks.lock('named');
         expect(h.key).toBe(`${prefix}named`);
-        expect(await redis.hgetall(`${prefix}named`)).toEqual({ [h.owner]: '1' });
+        expect(await holdsOf(redis, `${prefix}named`)).toEqual({ [h.owner]: '1' });
         expect(await redis.exists(`dislock:named`)).toBe(0);
         await h.release();
       } finally {
@@ -345,7 +346,7 @@ describe('DisLockModule', () => {
         const { locks } = app.get(NeedsLocks);
         expect(locks).toBe(app.get(LockService));
         const h = await locks.lock('feature');
-        expect(await redis.hgetall(`${prefix}feature`)).toEqual({ [h.owner]: '1' });
+        expect(await holdsOf(redis, `${prefix}feature`)).toEqual({ [h.owner]: '1' });
         expect(await h.release()).toBe(true);
       } finally {
         await app.close();
@@ -529,8 +530,8 @@ describe('DisLockModule', () => {
         const ha = await a.locks.lock('x');
         const hb = await b.locks.lock('x');
         expect(ha.owner).not.toBe(hb.owner);
-        expect(await redis.hgetall(`${prefix}x`)).toEqual({ [ha.owner]: '1' });
-        expect(await privateClient.hgetall(`${prefix}x`)).toEqual({ [hb.owner]: '1' });
+        expect(await holdsOf(redis, `${prefix}x`)).toEqual({ [ha.owner]: '1' });
+        expect(await holdsOf(privateClient, `${prefix}x`)).toEqual({ [hb.owner]: '1' });
         await ha.release();
         await hb.release();
 
@@ -540,8 +541,8 @@ describe('DisLockModule', () => {
           expect(b.locks.current('y')).toBeUndefined();
           await b.locks.withLock('y', async (inB) => {
             expect(inB.owner).not.toBe(outer.owner);
-            expect(await privateClient.hgetall(`${prefix}y`)).toEqual({ [inB.owner]: '1' });
-            expect(await redis.hgetall(`${prefix}y`)).toEqual({ [outer.owner]: '1' });
+            expect(await holdsOf(privateClient, `${prefix}y`)).toEqual({ [inB.owner]: '1' });
+            expect(await holdsOf(redis, `${prefix}y`)).toEqual({ [outer.owner]: '1' });
             expect(a.locks.current()).toBe(outer);
             expect(b.locks.current()).toBe(inB);
           });
@@ -562,7 +563,7 @@ describe('DisLockModule', () => {
         await a.locks.withLock('z', async (outer) => {
           expect(b.locks.current('z')).toBeUndefined();
           expect(await b.locks.tryLock('z')).toBeNull();
-          expect(await redis.hgetall(`${prefix}z`)).toEqual({ [outer.owner]: '1' });
+          expect(await holdsOf(redis, `${prefix}z`)).toEqual({ [outer.owner]: '1' });
         });
       } finally {
         await a.close();

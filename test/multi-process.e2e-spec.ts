@@ -12,6 +12,7 @@ import { sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/sha
 import { type MutualExclusionRun, runMutualExclusion } from './support/workers/mutual-exclusion';
 import type { Lease } from './support/workers/protocol';
 import { type Exit, type WorkerProcess, WorkerSet } from './support/workers/worker-process';
+import { holdsOf } from './support/lock-hash';
 
 const now = (): number => performance.now();
 
@@ -111,7 +112,7 @@ describe('multiple processes on one Redis', () => {
       const { key, owner } = await holder.next('locked', START_TIMEOUT);
       const lockedAt = now();
       expect(key).toBe(`${prefix}${NAME}`);
-      expect(await redis.hgetall(key)).toEqual({ [owner]: '1' });
+      expect(await holdsOf(redis, key)).toEqual({ [owner]: '1' });
       return { holder, key, owner, lockedAt, locks: app.locks };
     }
 
@@ -170,7 +171,7 @@ describe('multiple processes on one Redis', () => {
       // sleep past the remaining lease), a round trip, and scheduling delays on a busy 2-core machine.
       expect(got.at).toBeLessThanOrEqual(lease.latestEnd + 250);
       expect(got.handle.owner).not.toBe(deadOwner);
-      expect(await redis.hgetall(key)).toEqual({ [got.handle.owner]: '1' });
+      expect(await holdsOf(redis, key)).toEqual({ [got.handle.owner]: '1' });
       expect(await got.handle.release()).toBe(true);
       expect(await redis.exists(key)).toBe(0);
     }
@@ -220,7 +221,7 @@ describe('multiple processes on one Redis', () => {
         }
         expect(renewals).toBeGreaterThanOrEqual(3);
         expect(now() - lockedAt).toBeGreaterThan(LEASE);
-        expect(await redis.hgetall(key)).toEqual({ [owner]: '1' });
+        expect(await holdsOf(redis, key)).toEqual({ [owner]: '1' });
 
         const lease = await kill(holder, key);
         // The last renewal left a lease of LEASE, at most one interval before the kill. 100 ms: a

@@ -27,6 +27,7 @@ import { settle } from './support/async';
 import { type CommandMatcher, FaultProxy, isCommand, isScript } from './support/fault-proxy';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep, uniquePrefix } from './support/shared-redis';
+import { holdsOf } from './support/lock-hash';
 
 /** Any script call on `key`: the re-entry's command, whatever the script is called. */
 const scriptOn =
@@ -167,7 +168,7 @@ describe('network faults between the library and Redis', () => {
           // The rest of the critical section: a re-sent copy of the nested release, if one was
           // sent, has long run by now; the other owner must not get in at any point.
           expect(await everTaken(other, 'nested-release', 150)).toBe(false);
-          expect(await redis.hgetall(outer.key)).toEqual({ [outer.owner]: '1' });
+          expect(await holdsOf(redis, outer.key)).toEqual({ [outer.owner]: '1' });
           expect(outer.signal.aborted).toBe(false);
         },
         { onLockLost: lost },
@@ -201,7 +202,7 @@ describe('network faults between the library and Redis', () => {
       await dropped;
       expect(h).not.toBeNull();
       const handle = h as LockHandle;
-      expect(await redis.hgetall(handle.key)).toEqual({ [handle.owner]: '1' });
+      expect(await holdsOf(redis, handle.key)).toEqual({ [handle.owner]: '1' });
       expect(handle.fencingToken).toBeGreaterThan(fenceBefore.fencingToken);
       expect(await handle.release()).toBe(true);
       expect(await redis.exists(handle.key)).toBe(0);
@@ -245,7 +246,7 @@ describe('network faults between the library and Redis', () => {
         const inner = await t.locks.lock('reentry');
         await dropped;
         expect(inner.owner).toBe(outer.owner);
-        expect(await redis.hgetall(key)).toEqual({ [outer.owner]: '1' });
+        expect(await holdsOf(redis, key)).toEqual({ [outer.owner]: '1' });
         expect(await inner.release()).toBe(false);
       });
       expect(await redis.exists(key)).toBe(0);
@@ -274,7 +275,7 @@ describe('network faults between the library and Redis', () => {
       const overlaps = await watchForSecondHolder(other, 'slow-renewed', () => h, sleep(500));
       expect(overlaps).toEqual([]);
       expect(h.signal.aborted).toBe(false);
-      expect(await redis.hgetall(h.key)).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(redis, h.key)).toEqual({ [h.owner]: '1' });
       expect(await h.release()).toBe(true);
     });
 
@@ -451,7 +452,7 @@ describe('network faults between the library and Redis', () => {
         expect(result.ok && result.value !== null).toBe(true);
         expect(result.ms).toBeLessThan(1_500); // not the 3 s waitTime, nor the 30 s lease
         const next = result.ok ? result.value : null;
-        expect(await redis.hgetall(h.key)).toEqual(next ? { [next.owner]: '1' } : {});
+        expect(await holdsOf(redis, h.key)).toEqual(next ? { [next.owner]: '1' } : {});
         await next?.release();
       },
     );
@@ -481,7 +482,7 @@ describe('network faults between the library and Redis', () => {
       expect(performance.now() - failedAt).toBeLessThan(1_500); // not the rest of the 3 s waitTime
       const handle = nextResult.ok ? nextResult.value : null;
       expect(handle?.fencingToken).toBeGreaterThan(holder.fencingToken);
-      expect(await redis.hgetall(`${t.prefix}give-back`)).toEqual(handle ? { [handle.owner]: '1' } : {});
+      expect(await holdsOf(redis, `${t.prefix}give-back`)).toEqual(handle ? { [handle.owner]: '1' } : {});
       await handle?.release();
     });
   });

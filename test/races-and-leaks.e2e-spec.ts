@@ -12,6 +12,7 @@ import { DisLock, DisLockError, type LockHandle, LockNotAcquiredError, LockServi
 import { createTestApp, type TestApp } from './support/app';
 import { eventually, sharedClient, sleep } from './support/shared-redis';
 import { gate, lostReason, settle } from './support/async';
+import { holdsOf } from './support/lock-hash';
 
 setFlagsFromString('--expose-gc');
 const collectGarbage = runInNewContext('gc') as () => void;
@@ -270,7 +271,7 @@ describe('subtle guarantees', () => {
       { lockWatchdogTimeout: 300 },
     );
     // The outer's release only dropped its hold: the nested one keeps the key, still renewed.
-    expect(await redis.hgetall(key)).toEqual({ [outerHandle?.owner ?? '']: '1' });
+    expect(await holdsOf(redis, key)).toEqual({ [outerHandle?.owner ?? '']: '1' });
     await sleep(500);
     expect(await redis.exists(key)).toBe(1);
     expect(outerHandle?.signal.aborted).toBe(false);

@@ -11,6 +11,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
 import { abortReason, lostReason, gate, settle } from './support/async';
+import { holdsOf } from './support/lock-hash';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
 import { CHECK_SCRIPT } from '../lib/store/redis/scripts/check.script';
 
@@ -144,7 +145,7 @@ describe('Redis failures (private Redis per test)', () => {
 
       const again = await t.locks.lock('w', { lockWatchdogTimeout: 600 });
       expect(again.owner).not.toBe(h.owner);
-      expect(await redis.hgetall(`${t.prefix}w`)).toEqual({ [again.owner]: '1' });
+      expect(await holdsOf(redis, `${t.prefix}w`)).toEqual({ [again.owner]: '1' });
       expect(await again.release()).toBe(true);
     });
 
@@ -187,9 +188,9 @@ describe('Redis failures (private Redis per test)', () => {
       expect(got).toBe(true);
       const n = next as unknown as LockHandle;
       expect(n.owner).not.toBe(h.owner);
-      expect(await redis.hgetall(`${t.prefix}p`)).toEqual({ [n.owner]: '1' });
+      expect(await holdsOf(redis, `${t.prefix}p`)).toEqual({ [n.owner]: '1' });
       expect(await h.release()).toBe(false);
-      expect(await redis.hgetall(`${t.prefix}p`)).toEqual({ [n.owner]: '1' });
+      expect(await holdsOf(redis, `${t.prefix}p`)).toEqual({ [n.owner]: '1' });
       expect(await n.release()).toBe(true);
     });
   });
@@ -231,7 +232,7 @@ describe('Redis failures (private Redis per test)', () => {
     it('works with RedisOptions { port, password }', async () => {
       const { app: t, redis } = await start({}, { password: 'pw' });
       const h = await t.locks.lock('pw-opts');
-      expect(await redis.hgetall(`${t.prefix}pw-opts`)).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(redis, `${t.prefix}pw-opts`)).toEqual({ [h.owner]: '1' });
       expect(await h.release()).toBe(true);
     });
 
@@ -241,7 +242,7 @@ describe('Redis failures (private Redis per test)', () => {
       const redis = server.client();
       clients.push(redis);
       const h = await app.locks.lock('pw-url');
-      expect(await redis.hgetall(`${app.prefix}pw-url`)).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(redis, `${app.prefix}pw-url`)).toEqual({ [h.owner]: '1' });
       expect(await h.release()).toBe(true);
     });
 
@@ -319,7 +320,7 @@ describe('Redis failures (private Redis per test)', () => {
           // process): landing late, it must leave the outer's hold exactly as it was.
           expect(await eventually(() => lateChecks.length > 0, 2_000)).toBe(true);
           await sleep(300);
-          expect(await redis.hgetall(k)).toEqual({ [outer.owner]: '1' });
+          expect(await holdsOf(redis, k)).toEqual({ [outer.owner]: '1' });
           expect(outer.signal.aborted).toBe(false);
         },
         { lockWatchdogTimeout: 10_000 },

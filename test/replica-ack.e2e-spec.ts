@@ -20,6 +20,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { settle } from './support/async';
 import { ReplicatedPair } from './support/sentinel';
 import { uniquePrefix } from './support/shared-redis';
+import { holdsOf } from './support/lock-hash';
 
 const TRIALS = 50;
 
@@ -68,8 +69,8 @@ describe('replica-acknowledged acquisitions', () => {
       const handle = await t.locks.lock(name, { lockWatchdogTimeout: 5_000 });
       times.push(performance.now() - started);
       // No polling: WAIT said the replica has it, so it must be there now.
-      expect(await replica.hgetall(handle.key)).toEqual({ [handle.owner]: '1' });
-      expect(await master.hgetall(handle.key)).toEqual({ [handle.owner]: '1' });
+      expect(await holdsOf(replica, handle.key)).toEqual({ [handle.owner]: '1' });
+      expect(await holdsOf(master, handle.key)).toEqual({ [handle.owner]: '1' });
       expect(await handle.release()).toBe(true);
     }
     times.sort((x, y) => x - y);
@@ -103,7 +104,7 @@ describe('replica-acknowledged acquisitions', () => {
     // Once replication flows again, the same lock is granted and replicated.
     await pair.restoreReplication();
     const handle = await t.locks.lock(name);
-    expect(await replica.hgetall(handle.key)).toEqual({ [handle.owner]: '1' });
+    expect(await holdsOf(replica, handle.key)).toEqual({ [handle.owner]: '1' });
     await handle.release();
   });
 
@@ -116,7 +117,7 @@ describe('replica-acknowledged acquisitions', () => {
     expect(outcome.ok).toBe(true);
     const handle = (outcome as { value: LockHandle }).value;
     expect(outcome.ms).toBeLessThan(50 + 250);
-    expect(await master.hgetall(handle.key)).toEqual({ [handle.owner]: '1' });
+    expect(await holdsOf(master, handle.key)).toEqual({ [handle.owner]: '1' });
     expect(await replica.exists(handle.key)).toBe(0);
     expect(warnings.slice(before).some((message) => message.includes(handle.key))).toBe(true);
     expect(handle.signal.aborted).toBe(false);

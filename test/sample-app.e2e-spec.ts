@@ -5,6 +5,7 @@ import { LockService } from 'nestjs-dislock';
 import { AppModule } from '../sample-app/src/app.module';
 import { RedisService } from '../sample-app/src/redis.service';
 import { eventually, sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
+import { holdsOf } from './support/lock-hash';
 
 /** Short timings so the suite runs fast: the watchdog renews the 300 ms lease every 100 ms. */
 const LEASE = 300;
@@ -70,7 +71,7 @@ describe('sample app: two instances on one Redis', () => {
 
       // While the payment runs, Redis holds the lock: one owner, one hold, the fixed 5 s lease.
       expect(await eventually(async () => (await redis.exists(lockKey('order:42'))) === 1)).toBe(true);
-      const fields = await redis.hgetall(lockKey('order:42'));
+      const fields = await holdsOf(redis, lockKey('order:42'));
       expect(Object.keys(fields)).toEqual([expect.stringMatching(/^[0-9a-f]{32}$/)]);
       expect(Object.values(fields)).toEqual(['1']);
       const pttl = await redis.pttl(lockKey('order:42'));
@@ -196,7 +197,7 @@ describe('sample app: two instances on one Redis', () => {
       });
       expect(report.body.steps).toBeLessThan(TIMING.reportSteps);
       // Neither the watchdog nor the release touched the other owner's lock.
-      expect(await redis.hgetall(key)).toEqual({ intruder: '1' });
+      expect(await holdsOf(redis, key)).toEqual({ intruder: '1' });
       expect(await redis.pttl(key)).toBeGreaterThan(8_000);
       await redis.del(key);
     });
@@ -299,8 +300,8 @@ describe('sample app: two instances on one Redis', () => {
       // The names are taken in sorted order: B holds sku:north (one owner, exclusive) and waits in
       // sku:south's line. A reservation of north, via A, now waits for the transfer.
       expect(await eventually(async () => (await redis.exists(lockKey('sku:north'))) === 1)).toBe(true);
-      expect(Object.values(await redis.hgetall(lockKey('sku:north')))).toEqual(['1']);
-      expect(Object.keys(await redis.hgetall(lockKey('sku:south')))).toEqual([south.owner]);
+      expect(Object.values(await holdsOf(redis, lockKey('sku:north')))).toEqual(['1']);
+      expect(Object.keys(await holdsOf(redis, lockKey('sku:south')))).toEqual([south.owner]);
       const reserving = http(a).post('/inventory/north/reserve').then();
       await sleep(150);
       expect(await redis.get(stockKey('north'))).toBe('10'); // nothing moved, nothing reserved yet
@@ -356,7 +357,7 @@ describe('sample app: two instances on one Redis', () => {
 
   describe('/prices/:list (a read-write lock: @DisLock mode read and write)', () => {
     const catalog = { bolt: 120, nut: 35, screw: 60, washer: 8 };
-    const fields = async (list: string): Promise<Record<string, string>> => redis.hgetall(lockKey(`prices:${list}`));
+    const fields = async (list: string): Promise<Record<string, string>> => holdsOf(redis, lockKey(`prices:${list}`));
 
     it('runs reads at once across both instances, each reader with its own lease in Redis', async () => {
       const put = await http(a).put('/prices/shared').send({ prices: catalog });
@@ -491,10 +492,10 @@ describe('sample app: two instances on one Redis', () => {
       const first = http(a).post('/reports/q1/export').then();
       const second = http(b).post('/reports/q2/export').then();
       // Two permits taken: two fields, one per holder, each with the end of its own lease.
-      expect(await eventually(async () => (await redis.hlen(key)) === 2)).toBe(true);
+      expect(await eventually(async () => Object.keys(await holdsOf(redis, key)).length === 2)).toBe(true);
       const startedAt = Date.now();
       const now = await serverMs();
-      for (const [owner, leaseEnd] of Object.entries(await redis.hgetall(key))) {
+      for (const [owner, leaseEnd] of Object.entries(await holdsOf(redis, key))) {
         expect(owner).toMatch(/^[0-9a-f]{32}$/);
         expect(Number(leaseEnd)).toBeGreaterThan(now);
         expect(Number(leaseEnd)).toBeLessThanOrEqual(now + LEASE);
@@ -508,7 +509,7 @@ describe('sample app: two instances on one Redis', () => {
 
       // Each permit is renewed by its holder's watchdog: the lease ends move on past the first lease.
       const leaseEnds = new Set<number>();
-      for (let held = await redis.hgetall(key); Object.keys(held).length === 2; held = await redis.hgetall(key)) {
+      for (let held = await holdsOf(redis, key); Object.keys(held).length === 2; held = await holdsOf(redis, key)) {
         for (const end of Object.values(held)) leaseEnds.add(Number(end));
         if (Date.now() - startedAt > 5_000) break;
         await sleep(20);
@@ -537,15 +538,15 @@ describe('sample app: two instances on one Redis', () => {
     it('gives a permit back as soon as one export ends, while the other still runs', async () => {
       const key = lockKey('exports');
       const long = http(a).post('/reports/long/export').then();
-      expect(await eventually(async () => (await redis.hlen(key)) === 1)).toBe(true);
-      const [longOwner] = Object.keys(await redis.hgetall(key));
+      expect(await eventually(async () => Object.keys(await holdsOf(redis, key)).length === 1)).toBe(true);
+      const [longOwner] = Object.keys(await holdsOf(redis, key));
       await sleep(TIMING.exportWorkMs / 2);
       const short = http(b).post('/reports/short/export').then();
-      expect(await eventually(async () => (await redis.hlen(key)) === 2)).toBe(true);
+      expect(await eventually(async () => Object.keys(await holdsOf(redis, key)).length === 2)).toBe(true);
       expect((await http(b).post('/reports/other/export')).status).toBe(409);
 
       expect((await long).status).toBe(200);
-      const held = await redis.hgetall(key);
+      const held = await holdsOf(redis, key);
       expect(Object.keys(held)).toHaveLength(1);
       expect(Object.keys(held)).not.toContain(longOwner);
       const next = await http(a).post('/reports/next/export'); // takes the freed permit

@@ -19,6 +19,7 @@ import { FakeInterval, INTERVAL_TYPE, startIntervals } from './support/mini-sche
 import { RedisServer } from './support/redis-server';
 import { eventually, sharedClient, sleep, uniquePrefix } from './support/shared-redis';
 import { gate, thrown } from './support/async';
+import { holdsOf } from './support/lock-hash';
 
 let redis: Redis;
 /** Nest's debug lines (a skipped call logs one), kept off the console. */
@@ -174,7 +175,7 @@ describe("onBusy: 'skip'", () => {
     expect(debug).toHaveBeenCalledTimes(1);
     expect(String(debug.mock.calls[0]?.[0])).toContain(`job:${id}`);
     // The holder's lock is untouched.
-    expect(await redis.hgetall(`${t.prefix}job:${id}`)).toEqual({ [holder.owner]: '1' });
+    expect(await holdsOf(redis, `${t.prefix}job:${id}`)).toEqual({ [holder.owner]: '1' });
     // 'throw' stays the default.
     expect(await rejection(jobs.throwing(id))).toBeInstanceOf(LockNotAcquiredError);
     expect(jobs.runs).toBe(0);
@@ -357,7 +358,7 @@ describe('lockAtLeastFor', () => {
     const pttl = await redis.pttl(key(`least:${id}`));
     expect(pttl).toBeGreaterThan(250);
     expect(pttl).toBeLessThanOrEqual(381);
-    const hash = await redis.hgetall(key(`least:${id}`));
+    const hash = await holdsOf(redis, key(`least:${id}`));
     expect(Object.values(hash)).toEqual(['1']);
     // Another instance, same tick: skipped.
     expect(await jobsB.atLeast(id, 0)).toBeUndefined();
@@ -407,7 +408,7 @@ describe('lockAtLeastFor', () => {
     const name = fresh('svc');
     const handle = await a.locks.lock(name, { lockAtLeastFor: 300 });
     expect(await handle.release()).toBe(false);
-    expect(await redis.hgetall(key(name))).toEqual({ [handle.owner]: '1' });
+    expect(await holdsOf(redis, key(name))).toEqual({ [handle.owner]: '1' });
     expect(await redis.pttl(key(name))).toBeLessThanOrEqual(300);
     expect(await b.locks.tryLock(name)).toBeNull();
     expect(handle.signal.aborted).toBe(false);
@@ -451,7 +452,7 @@ describe('lockAtLeastFor', () => {
     const handle = await a.locks.lock(name, { lockAtLeastFor: 300 });
     handle.stopRenewal();
     expect(await handle.release()).toBe(false);
-    expect(await redis.hgetall(key(name))).toEqual({ [handle.owner]: '1' });
+    expect(await holdsOf(redis, key(name))).toEqual({ [handle.owner]: '1' });
     expect(await redis.pttl(key(name))).toBeLessThanOrEqual(300);
   });
 
@@ -497,7 +498,7 @@ describe('lockAtLeastFor at shutdown', () => {
     const name = 'shutdown-least';
     const handle = await t.locks.lock(name, { lockAtLeastFor: 1_000 });
     await t.close();
-    expect(await redis.hgetall(t.prefix + name)).toEqual({ [handle.owner]: '1' });
+    expect(await holdsOf(redis, t.prefix + name)).toEqual({ [handle.owner]: '1' });
     const pttl = await redis.pttl(t.prefix + name);
     expect(pttl).toBeGreaterThan(700);
     expect(pttl).toBeLessThanOrEqual(1_000);

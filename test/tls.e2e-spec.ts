@@ -17,6 +17,7 @@ import { dislockAclRule } from '../lib/store/redis/acl.rule';
 import { settle } from './support/async';
 import { eventually } from './support/shared-redis';
 import { makeTestPki, type TestPki, TlsRedisServer, tlsSupport } from './support/tls-certs';
+import { holdsOf } from './support/lock-hash';
 
 const TLS = tlsSupport();
 if (!TLS.ok) console.warn(`TLS tests skipped: ${TLS.why}`);
@@ -112,7 +113,7 @@ describeTls('TLS-only redis-server with client certificates', () => {
     };
     const [a, b] = [await start(redis), await start(redis)];
     const held = await a.lock('order:1');
-    expect(await admin.hgetall('dislock:order:1')).toEqual({ [held.owner]: '1' });
+    expect(await holdsOf(admin, 'dislock:order:1')).toEqual({ [held.owner]: '1' });
     const waiting = settle(b.lock('order:1', { waitTime: 10_000 }));
     expect(await eventually(async () => (await admin.pubsub('NUMSUB', 'dislock:order:1'))[1] === 1)).toBe(true);
     const releasedAt = performance.now();
@@ -132,7 +133,7 @@ describeTls('TLS-only redis-server with client certificates', () => {
   it("by URL plus options { url: 'rediss://user:pass@host:port', tls }: lock, re-entry, release", async () => {
     const locks = await start({ url: `rediss://${USER}:${PASSWORD}@127.0.0.1:${server.port}`, tls: tls() });
     await locks.withLock('order:2', async (outer) => {
-      expect(await admin.hgetall('dislock:order:2')).toEqual({ [outer.owner]: '1' });
+      expect(await holdsOf(admin, 'dislock:order:2')).toEqual({ [outer.owner]: '1' });
       await locks.withLock('order:2', (inner) => expect(inner.owner).toBe(outer.owner));
     });
     expect(await admin.exists('dislock:order:2')).toBe(0);

@@ -7,6 +7,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { abortReason, lostReason } from './support/async';
 import { RedisCluster } from './support/cluster';
 import { eventually, sleep, uniquePrefix } from './support/shared-redis';
+import { holdsOf } from './support/lock-hash';
 
 /**
  * The library on a real Redis Cluster (3 masters × 1 replica, test/support/cluster.ts), through
@@ -171,10 +172,10 @@ describe('on a Redis Cluster (3 masters × 1 replica)', () => {
       const set = await a.locks.lock(names, { lockWatchdogTimeout: 600 });
       expect(set.locks.map((part) => part.name)).toEqual([...names].sort());
       await sleep(700); // past a lease: every part renewed on its own master
-      for (const part of set.locks) expect(await redis.hgetall(part.key)).toEqual({ [part.owner]: '1' });
+      for (const part of set.locks) expect(await holdsOf(redis, part.key)).toEqual({ [part.owner]: '1' });
       expect(set.signal.aborted).toBe(false);
       expect(await b.locks.tryLock([names[2], names[0]])).toBeNull();
-      for (const name of names) expect(Object.keys(await redis.hgetall(prefix + name))).toHaveLength(1);
+      for (const name of names) expect(Object.keys(await holdsOf(redis, prefix + name))).toHaveLength(1);
       expect(await set.release()).toBe(true);
       for (const name of names) expect(await redis.exists(prefix + name)).toBe(0);
 
@@ -203,7 +204,7 @@ describe('on a Redis Cluster (3 masters × 1 replica)', () => {
         const permits = [await a.locks.tryLock(name, { permits: 2 }), await b.locks.tryLock(name, { permits: 2 })];
         expect(permits.every((p) => p !== null)).toBe(true);
         expect(await a.locks.tryLock(name, { permits: 2 })).toBeNull();
-        expect(await redis.hlen(prefix + name)).toBe(2);
+        expect(Object.keys(await holdsOf(redis, prefix + name))).toHaveLength(2);
         const waiter = b.locks.lock(name, { permits: 2, waitTime: 3_000 });
         await sleep(20);
         await permits[0]?.release();
@@ -218,7 +219,7 @@ describe('on a Redis Cluster (3 masters × 1 replica)', () => {
         expect(await b.locks.tryLock(name, { mode: 'read' })).toBeNull(); // the writer waits ahead
         await reader.release();
         const held = await writer;
-        expect(await redis.hgetall(prefix + name)).toEqual({ [held.owner]: '1' });
+        expect(await holdsOf(redis, prefix + name)).toEqual({ [held.owner]: '1' });
         await held.release();
       }
     });
@@ -239,7 +240,7 @@ describe('on a Redis Cluster (3 masters × 1 replica)', () => {
       for (const { name, fromA, fromB } of grabs) {
         const held = [fromA, fromB].filter((h): h is LockHandle => h !== null);
         expect(held, name).toHaveLength(1);
-        expect(await redis.hgetall(prefix + name)).toEqual({ [held[0].owner]: '1' });
+        expect(await holdsOf(redis, prefix + name)).toEqual({ [held[0].owner]: '1' });
       }
       for (const { fromA, fromB } of grabs) expect(await (fromA ?? fromB)?.release()).toBe(true);
       for (const name of names) expect(await redis.exists(prefix + name)).toBe(0);
@@ -263,7 +264,7 @@ describe('on a Redis Cluster (3 masters × 1 replica)', () => {
         const wokeAfter = performance.now() - releasedAt;
         expect(waiter, name).not.toBeNull();
         expect(wokeAfter, `${name}: woke ${Math.round(wokeAfter)} ms after the release`).toBeLessThan(300);
-        expect(await redis.hgetall(prefix + name)).toEqual({ [(waiter as LockHandle).owner]: '1' });
+        expect(await holdsOf(redis, prefix + name)).toEqual({ [(waiter as LockHandle).owner]: '1' });
         expect(await (waiter as LockHandle).release()).toBe(true);
       }
     });
@@ -288,7 +289,7 @@ describe('on a Redis Cluster (3 masters × 1 replica)', () => {
       }
       for (const [i, handle] of handles.entries()) {
         expect(handle.signal.aborted).toBe(false);
-        expect(await redis.hgetall(prefix + names[i])).toEqual({ [handle.owner]: '1' });
+        expect(await holdsOf(redis, prefix + names[i])).toEqual({ [handle.owner]: '1' });
         expect(await handle.release()).toBe(true);
       }
       expect(lostA).toEqual([]);
@@ -361,7 +362,7 @@ describe('on a Redis Cluster (3 masters × 1 replica)', () => {
       await cluster.failover(replica.port, [redis]);
       await sleep(1_000); // two renewals, which have to reach the new master
       for (const [i, handle] of handles.entries()) {
-        expect(await redis.hgetall(prefix + onIt[i])).toEqual({ [handle.owner]: '1' });
+        expect(await holdsOf(redis, prefix + onIt[i])).toEqual({ [handle.owner]: '1' });
         const pttl = await redis.pttl(prefix + onIt[i]);
         expect(
           pttl,
@@ -468,7 +469,7 @@ describe('on a Redis Cluster (3 masters × 1 replica)', () => {
 
       // Still there, with their owners and leases; the watchdog's renewed on the promoted master.
       for (const [i, name] of held.entries()) {
-        expect(await redis.hgetall(prefix + name), name).toEqual({ [handles[i].owner]: '1' });
+        expect(await holdsOf(redis, prefix + name), name).toEqual({ [handles[i].owner]: '1' });
         expect(await redis.pttl(prefix + name), name).toBeGreaterThan(watched(i) ? 0 : 10_000);
       }
       const samples: string[] = [];
@@ -484,7 +485,7 @@ describe('on a Redis Cluster (3 masters × 1 replica)', () => {
       for (const name of onVictim) expect(await b.locks.tryLock(name), name).toBeNull();
       // New acquisitions on the promoted master work.
       const fresh = await b.locks.lock(victimNames[4], { expire: 5_000 });
-      expect(await redis.hgetall(prefix + fresh.name)).toEqual({ [fresh.owner]: '1' });
+      expect(await holdsOf(redis, prefix + fresh.name)).toEqual({ [fresh.owner]: '1' });
       expect(await fresh.release()).toBe(true);
       // The holder still holds and releases them; then the other app can take them.
       expect(lostA).toEqual([]);

@@ -19,6 +19,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { abortReason, lostReason, settle } from './support/async';
 import { SentinelTopology } from './support/sentinel';
 import { eventually, sleep, uniquePrefix } from './support/shared-redis';
+import { holdsOf } from './support/lock-hash';
 
 /** A Nest app whose module reaches Redis through the topology's sentinels. */
 function sentinelApp(
@@ -66,11 +67,11 @@ describe('LockService behind Redis Sentinel', () => {
     const name = fresh();
     const held = await a.locks.lock(name);
     expect(await b.locks.tryLock(name)).toBeNull();
-    expect(await master.hgetall(a.prefix + name)).toEqual({ [held.owner]: '1' });
+    expect(await holdsOf(master, a.prefix + name)).toEqual({ [held.owner]: '1' });
     expect(await held.release()).toBe(true);
     expect(await master.exists(a.prefix + name)).toBe(0);
     const next = await b.locks.lock(name);
-    expect(await master.hgetall(a.prefix + name)).toEqual({ [next.owner]: '1' });
+    expect(await holdsOf(master, a.prefix + name)).toEqual({ [next.owner]: '1' });
     await next.release();
   });
 
@@ -88,7 +89,7 @@ describe('LockService behind Redis Sentinel', () => {
     await held.release();
     const next = await waiting;
     expect(gotAt - releasedAt).toBeLessThan(300);
-    expect(await master.hgetall(a.prefix + name)).toEqual({ [next.owner]: '1' });
+    expect(await holdsOf(master, a.prefix + name)).toEqual({ [next.owner]: '1' });
     await next.release();
   });
 
@@ -104,7 +105,7 @@ describe('LockService behind Redis Sentinel', () => {
     expect(Math.min(...samples)).toBeGreaterThan(0); // never expired
     expect(Math.max(...samples.slice(-12))).toBeGreaterThan(400); // reset late in the run
     expect(held.signal.aborted).toBe(false);
-    expect(await master.hgetall(a.prefix + name)).toEqual({ [held.owner]: '1' });
+    expect(await holdsOf(master, a.prefix + name)).toEqual({ [held.owner]: '1' });
     await held.release();
   });
 
@@ -171,7 +172,7 @@ describe('SENTINEL FAILOVER under held locks', () => {
       Array.from({ length: 30 }, (_, i) => locks.lock(`held-${i}`, { lockWatchdogTimeout: 6_000 })),
     );
     const oldMaster = topology.masterClient();
-    for (const h of handles) expect(await oldMaster.hgetall(h.key)).toEqual({ [h.owner]: '1' });
+    for (const h of handles) expect(await holdsOf(oldMaster, h.key)).toEqual({ [h.owner]: '1' });
 
     const { ms, master: promoted } = await topology.failover();
     console.log(`[sentinel] SENTINEL FAILOVER: all 3 sentinels name the new master after ${Math.round(ms)} ms`);
@@ -201,14 +202,14 @@ describe('SENTINEL FAILOVER under held locks', () => {
     console.log(`[sentinel] first acquisition on the new master ${Math.round(newAcquireMs)} ms after the switch`);
     expect(landed).toBe(true);
     expect(newAcquireMs).toBeLessThan(2_500);
-    expect(await newMaster.hgetall((fresh as LockHandle).key)).toEqual({ [(fresh as LockHandle).owner]: '1' });
+    expect(await holdsOf(newMaster, (fresh as LockHandle).key)).toEqual({ [(fresh as LockHandle).owner]: '1' });
 
     // Past a whole lease after the failover: the keys live on only if renewals reach the new master.
     await sleep(Math.max(0, 6_500 - (performance.now() - after)));
     expect(lost).toEqual([]);
     for (const h of handles) {
       expect(h.signal.aborted).toBe(false);
-      expect(await newMaster.hgetall(h.key)).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(newMaster, h.key)).toEqual({ [h.owner]: '1' });
       expect(await newMaster.pttl(h.key)).toBeGreaterThan(2_000);
     }
     for (const h of handles) expect(await h.release()).toBe(true);
@@ -249,10 +250,10 @@ describe('the master killed (SIGKILL) under held locks', () => {
     expect(lost).toEqual([]);
     for (const h of handles) {
       expect(h.signal.aborted).toBe(false);
-      expect(await newMaster.hgetall(h.key)).toEqual({ [h.owner]: '1' });
+      expect(await holdsOf(newMaster, h.key)).toEqual({ [h.owner]: '1' });
     }
     const next = await locks.lock('after-kill');
-    expect(await newMaster.hgetall(next.key)).toEqual({ [next.owner]: '1' });
+    expect(await holdsOf(newMaster, next.key)).toEqual({ [next.owner]: '1' });
     await next.release();
     for (const h of handles) expect(await h.release()).toBe(true);
   }, 40_000);

@@ -34,6 +34,7 @@ import { gate, lostReason, settle } from './support/async';
 import { FaultProxy, isScript } from './support/fault-proxy';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
+import { holdsOf } from './support/lock-hash';
 
 /** Every application of a test uses this key prefix (each test has its own redis-server). */
 const PREFIX = 'two-holders:';
@@ -248,7 +249,7 @@ describe('two holders never (issue 20)', () => {
 
       await within(yInside.promise, 5_000, 'Y holding the lock X was freed of');
       // Both runs of the script are over: what Redis holds now is what the operator left.
-      const holders = Object.keys(await redis.hgetall(KEY));
+      const holders = Object.keys(await holdsOf(redis, KEY));
       const yLost = yHandle?.signal.aborted;
       letGo.open();
       await Promise.all([yRun, zRun]);
@@ -363,7 +364,7 @@ describe('two holders never (issue 20)', () => {
             await redis.ping();
             return {
               lost: handle.signal.aborted ? String(lostReason(handle.signal.reason) ?? handle.signal.reason) : 'no',
-              holders: Object.keys(await redis.hgetall(KEY)),
+              holders: Object.keys(await holdsOf(redis, KEY)),
               mine: [handle.owner],
               pttlAbove20s: (await redis.pttl(KEY)) > 20_000,
             };

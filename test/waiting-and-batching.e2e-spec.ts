@@ -13,6 +13,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 import { eventually, sleep } from './support/shared-redis';
 import { abortReason, lostReason, settle } from './support/async';
+import { holdsOf, holderFields } from './support/lock-hash';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
 import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared.script';
 import type { LuaScript } from '../lib/store/redis/scripts/lua-script';
@@ -173,7 +174,7 @@ describe('waiting without polling, and the batched watchdog', () => {
     eventually(async () => (await subscribers(name)) === 0, LINGER_MS + 1_000);
   /** Redis holds `name` for `handle` alone, taken up (a lock granted by a release is taken up by its first renewal). */
   const heldBy = (name: string, handle: LockHandle): Promise<boolean> =>
-    eventually(async () => JSON.stringify(await redis.hgetall(key(name))) === JSON.stringify({ [handle.owner]: '1' }));
+    eventually(async () => JSON.stringify(await holdsOf(redis, key(name))) === JSON.stringify({ [handle.owner]: '1' }));
 
   /**
    * The first waiter for `name` has done what the spec says it does before it sleeps: failed,
@@ -580,7 +581,7 @@ describe('waiting without polling, and the batched watchdog', () => {
       expect(await waiting).toBeNull();
       expect(performance.now() - abortedAt).toBeLessThan(100);
       expect(await unsubscribed(name)).toBe(true);
-      expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [holder.owner]: '1' });
 
       await holder.release();
       // The aborted waiter does not come back for it.
@@ -606,7 +607,7 @@ describe('waiting without polling, and the batched watchdog', () => {
       expect(error).toBe(second.signal.reason);
       expect((error as Error).name).toBe('AbortError');
       expect(fn).not.toHaveBeenCalled();
-      expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [holder.owner]: '1' });
       await holder.release();
       expect(await eventually(async () => (await redis.exists(key(name))) === 1, 300)).toBe(false);
     });
@@ -704,7 +705,7 @@ describe('waiting without polling, and the batched watchdog', () => {
       expect(subscribedAt).toBeGreaterThanOrEqual(0);
       expect(calls(lines.slice(subscribedAt), ACQUIRE_SCRIPT, key(name)).length).toBeLessThanOrEqual(3);
       expect(await unsubscribed(name)).toBe(true);
-      expect(await redis.hgetall(key(name))).toEqual({ [holder.owner]: '1' });
+      expect(await holdsOf(redis, key(name))).toEqual({ [holder.owner]: '1' });
       await holder.release();
     });
   });
@@ -779,7 +780,7 @@ describe('waiting without polling, and the batched watchdog', () => {
         expect(await eventually(async () => (await connections()).length === 0, 2_000)).toBe(true);
         expect(await numsub(probe, `${PREFIX}busy-1`)).toBe(0);
         expect(await numsub(probe, `${PREFIX}busy-2`)).toBe(0);
-        expect(await probe.hgetall(`${PREFIX}busy-1`)).toEqual({ other: '1' });
+        expect(await holdsOf(probe, `${PREFIX}busy-1`)).toEqual({ other: '1' });
       } finally {
         if (!closed) await t.close();
         probe.disconnect();
@@ -877,10 +878,10 @@ describe('waiting without polling, and the batched watchdog', () => {
       await sleep(700); // longer than the 600 ms lease: only renewal keeps them
       for (const h of alive) {
         expect({ name: h.name, aborted: h.signal.aborted }).toEqual({ name: h.name, aborted: false });
-        expect(await redis.hgetall(h.key)).toEqual({ [h.owner]: '1' });
+        expect(await holdsOf(redis, h.key)).toEqual({ [h.owner]: '1' });
       }
       expect(await redis.exists(deleted.key)).toBe(0); // never re-created
-      expect(await redis.hgetall(taken.key)).toEqual({ intruder: '1' });
+      expect(await holdsOf(redis, taken.key)).toEqual({ intruder: '1' });
       expect(await redis.pttl(taken.key)).toBeLessThan(intruderPttl); // never renewed for the intruder
       // Renewal stopped for the lost ones: after the call that found each one lost, no call names it.
       const afterLoss = await mon.window(lossFrom);
@@ -946,7 +947,10 @@ describe('waiting without polling, and the batched watchdog', () => {
       const replies = ((await pipeline.exec()) ?? []).map(([, value]) => value);
       handles.forEach((h, i) => {
         expect({ name: h.name, aborted: h.signal.aborted }).toEqual({ name: h.name, aborted: false });
-        expect({ name: h.name, hash: replies[2 * i] }).toEqual({ name: h.name, hash: { [h.owner]: '1' } });
+        expect({ name: h.name, hash: holderFields(replies[2 * i] as Record<string, string>) }).toEqual({
+          name: h.name,
+          hash: { [h.owner]: '1' },
+        });
         expect(replies[2 * i + 1] as number).toBeGreaterThan(0);
       });
 
@@ -989,7 +993,7 @@ describe('waiting without polling, and the batched watchdog', () => {
       expect(renewals.some((args) => keysOf(args).length > 1)).toBe(true); // renewed in a batch with others
       for (const other of rest) {
         expect(other.signal.aborted).toBe(false);
-        expect(await redis.hgetall(other.key)).toEqual({ [other.owner]: '1' });
+        expect(await holdsOf(redis, other.key)).toEqual({ [other.owner]: '1' });
       }
       expect(await redis.exists(h.key)).toBe(0);
       await Promise.all(rest.map((other) => other.release()));

@@ -22,6 +22,7 @@ import {
   toParent,
   workerConfig,
 } from './protocol';
+import { holdsOf } from '../lock-hash';
 
 const config = workerConfig<CounterWorkerConfig>();
 const keys = counterKeys(config.keyPrefix);
@@ -44,7 +45,7 @@ class Counter {
     if (!handle) throw new Error('no current lock inside the @DisLock method');
     await this.increment(async () => {
       // What Redis holds while we are inside: our owner, once, and nobody else.
-      const hash = await data.hgetall(handle.key);
+      const hash = await holdsOf(data, handle.key);
       if (Object.keys(hash).length !== 1 || hash[handle.owner] !== '1') report.foreign++;
     });
     if (handle.signal.aborted) report.lost++;

@@ -138,6 +138,7 @@ export const holdKind = (kind: FamilyKind): 'shared' | 'exclusive' =>
  * or `0` for a grant not taken up yet; shared holds: fields valued with the end of their own
  * lease in Redis ms, ours among them and not over, at most `limit` of them live, and the key
  * lasting at least as long as the latest). A broken rule is pushed to the violations list.
+ * Only holder fields count: fields starting with `=` describe a holder (test/support/lock-hash.ts).
  *
  * KEYS[1] the lock hash, KEYS[2] its gauge, KEYS[3] the violations list
  * ARGV[1] 'shared' | 'exclusive', ARGV[2] the most shared holders allowed (0: no bound),
@@ -162,7 +163,14 @@ if exclusive > 0 and shared > 0 then problem('an exclusive holder with ' .. shar
 if limit > 0 and shared > limit then problem(shared .. ' shared holders, at most ' .. limit .. ' allowed') end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local hash = redis.call('hgetall', key)
+local hash = {}
+local fields = redis.call('hgetall', key)
+for i = 1, #fields, 2 do
+  if string.sub(fields[i], 1, 1) ~= '=' then
+    hash[#hash + 1] = fields[i]
+    hash[#hash + 1] = fields[i + 1]
+  end
+end
 local pttl = redis.call('pttl', key)
 if kind == 'exclusive' then
   if #hash ~= 2 then problem('exclusive hold: the hash has ' .. (#hash / 2) .. ' fields')
