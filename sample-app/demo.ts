@@ -118,6 +118,12 @@ async function keysUnder(redis: Redis, prefix: string): Promise<string[]> {
   return keys;
 }
 
+/** A lock's holds: its hash without the holders' descriptions (the `=<owner>` fields beside each hold). */
+async function holdsIn(redis: Redis, key: string): Promise<Record<string, string>> {
+  const fields = await redis.hgetall(key);
+  return Object.fromEntries(Object.entries(fields).filter(([field]) => !field.startsWith('=')));
+}
+
 function table(rows: string[][]): void {
   const widths = rows[0].map((_, i) => Math.max(...rows.map((row) => row[i].length)));
   for (const row of rows)
@@ -234,7 +240,7 @@ async function pricesDemo(a: Instance, b: Instance, redis: Redis, keyPrefix: str
   let mostReaders = 0;
   const watcher = (async () => {
     while (watching) {
-      mostReaders = Math.max(mostReaders, await redis.hlen(key));
+      mostReaders = Math.max(mostReaders, Object.keys(await holdsIn(redis, key)).length);
       await sleep(5);
     }
   })();
@@ -284,8 +290,8 @@ async function exportsDemo(a: Instance, b: Instance, redis: Redis, keyPrefix: st
     [a, 'q3'],
   ];
   const pending = requests.map(([instance, name]) => call(instance, 'POST', `/reports/${name}/export`));
-  await waitFor('two permits', async () => (await redis.hlen(key)) === 2, 5_000);
-  const held = Object.values(await redis.hgetall(key)).map((end) => `${Number(end) - Date.now()} ms`);
+  await waitFor('two permits', async () => Object.keys(await holdsIn(redis, key)).length === 2, 5_000);
+  const held = Object.values(await holdsIn(redis, key)).map((end) => `${Number(end) - Date.now()} ms`);
   const answers = await Promise.all(pending);
   table([
     ['#', 'via', 'request', 'status', 'answer'],
