@@ -80,10 +80,13 @@ describe('the Redis store on a Cluster', () => {
     await sleep(2_000); // about 6 renewal intervals of 300 ms
     // 500 locks taken within a few ms of each other fall due together: one pipeline per master
     // per interval (3 × ~7), never one script call per lock or per slot.
-    expect(counts.scripts).toBe(0);
-    expect(counts.pipelines).toBeGreaterThanOrEqual(3 * 5);
-    expect(counts.pipelines).toBeLessThanOrEqual(3 * 8 * groups);
-    expect(counts.pipelines).toBeLessThan(slots.size); // one per slot would be ~6 × slots
+    // A master's part of a group that is one lock goes as a script call of its own: that happens
+    // only when a busy machine spread the acquisitions over more than one group.
+    const requests = counts.pipelines + counts.scripts;
+    expect(counts.scripts).toBeLessThanOrEqual(3 * 8 * (groups - 1));
+    expect(requests).toBeGreaterThanOrEqual(3 * 5);
+    expect(requests).toBeLessThanOrEqual(3 * 8 * groups);
+    expect(requests).toBeLessThan(slots.size); // one per slot would be ~6 × slots
     for (const handle of handles) expect(handle.signal.aborted).toBe(false);
     const ttls = await Promise.all(handles.map((_, i) => client.pttl(`${prefix}renew-${i}`)));
     for (const ttl of ttls) expect(ttl).toBeGreaterThan(500);
