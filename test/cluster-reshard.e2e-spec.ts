@@ -1,6 +1,7 @@
 import { Logger } from '@nestjs/common';
-import type { Cluster, ClusterOptions } from 'ioredis';
-import type { LockHandle, LockLostEvent } from 'nestjs-dislock';
+import { type Cluster, type ClusterOptions, Redis } from 'ioredis';
+import { DisLockError, type LockHandle, type LockLostEvent } from 'nestjs-dislock';
+import { keySlot, slotTag } from '../lib/store/redis/fence-key';
 import { createTestApp, type TestApp } from './support/app';
 import { waitFor } from './support/async';
 import { RedisCluster } from './support/cluster';
@@ -392,4 +393,374 @@ describe('a Cluster that reshards (3 masters × 1 replica): waiters keep hearing
       await expectPromptHandOvers(seen, c);
     },
   );
+});
+
+/**
+ * Issue 25, findings 2 and 3: lock operations on a slot stopped mid-way through a migration
+ * (IMPORTING on the target, MIGRATING on the source, its keys split between them), the state in
+ * which a resharding of slots that hold many keys leaves each slot for seconds.
+ *
+ * Redis answers TRYAGAIN to a script whose declared keys are not all on the node (some moved, or
+ * never created: a lock's line exists only while someone waits), and refuses a command inside a
+ * script on a key the source no longer has, such as the lock key the release script has just
+ * deleted and then re-creates to hand the lock to the head of its line ("ERR Script attempted to
+ * access a non local key"): that script stops half-way. ioredis retries TRYAGAIN 16 times, 100 ms
+ * apart, then rejects ("Too many Cluster redirections").
+ *
+ * What must hold: a release either completes (the lock gone, or granted to the head of its line)
+ * or changes nothing and is retried until the slot settles; its caller gets no
+ * `RedisUnavailableError` when the migration ends within the operation's bounds; a caller that
+ * waits longer than the migration lasts gets the lock, one that gives up does so within its
+ * `waitTime` with an error that says the slot was migrating; and a release that did fail is given
+ * back once the slot has settled, not left to its 30 s lease.
+ *
+ * Each case takes a slot of its own on master A and moves it to master B. Where a migration
+ * "stalls" below, the test holds it mid-way on purpose (a slot of 30,000 keys takes that long to
+ * move): the stall is the scenario, not a wait for the code under test.
+ */
+describe('a slot stopped mid-migration (issue 25, findings 2 and 3): releases and acquisitions while it moves', () => {
+  const warn = vi.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+  const log = vi.spyOn(Logger.prototype, 'log').mockImplementation(() => undefined);
+  const error = vi.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+
+  /** How long a release's migration stalls: past ioredis's 16 x 100 ms of TRYAGAIN, within the 5 s operationTimeout. */
+  const RELEASE_STALL_MS = 2_500;
+  /** How long an acquisition's migration stalls (finding 3's "a slot of many keys"). */
+  const STALL_MS = 3_000;
+  /** A waiter that gives up may be this late past its waitTime. */
+  const GIVE_UP_MARGIN_MS = 300;
+  /** After the slot settles, a waiter holds the lock within its line refresh (1 s) and this margin. */
+  const SETTLED_HAND_OVER_MS = 1_500;
+
+  let cluster: RedisCluster;
+  let resharder: Resharder;
+  /** Master A (slots 0-5460 at the start), where every case's slot starts, and master B, where it goes. */
+  let source: number;
+  let target: number;
+  let holder: TestApp;
+  let waiter: TestApp;
+  const prefix = uniquePrefix('migrating');
+  const apps: TestApp[] = [];
+  const inspectors = new Map<number, Redis>();
+  const open: SlotMigration[] = [];
+  const usedSlots = new Set<number>();
+
+  beforeAll(async () => {
+    cluster = await RedisCluster.start();
+    resharder = new Resharder(cluster);
+    const byRange = (await cluster.masters()).sort((x, y) => x.slots[0][0] - y.slots[0][0]);
+    [source, target] = [byRange[0].port, byRange[1].port];
+    holder = await app();
+    waiter = await app();
+  }, 30_000);
+
+  afterAll(async () => {
+    // A case that failed mid-way leaves its slot MIGRATING: settle it, so that the apps close cleanly.
+    await Promise.allSettled(open.map((migration) => migration.finish()));
+    await Promise.allSettled(apps.map((a) => a.close()));
+    for (const inspector of inspectors.values()) inspector.disconnect();
+    resharder?.close();
+    await cluster?.dispose();
+    warn.mockRestore();
+    log.mockRestore();
+    error.mockRestore();
+  });
+
+  /** An application with its own Cluster client. */
+  async function app(options: { operationTimeout?: number } = {}): Promise<TestApp> {
+    const client = await cluster.readyClient();
+    const created = await createTestApp([], { redis: client, keyPrefix: prefix, ...options });
+    apps.push(created);
+    return created;
+  }
+
+  /** A connection of the test's own to the node on `port`, for reads that must not interleave (ASKING). */
+  function inspector(port: number): Redis {
+    let connection = inspectors.get(port);
+    if (!connection) {
+      connection = new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 });
+      connection.on('error', () => undefined);
+      inspectors.set(port, connection);
+    }
+    return connection;
+  }
+
+  /** A hash tag whose slot is on master A and used by no other case, and that slot. */
+  function freshSlot(label: string): { tag: string; slot: number } {
+    for (let i = 0; ; i += 1) {
+      const tag = `${label}${i}`;
+      const slot = keySlot(`{${tag}}`);
+      if (slot > 5_460 || usedSlots.has(slot)) continue;
+      usedSlots.add(slot);
+      return { tag, slot };
+    }
+  }
+
+  /** The keys of lock `name` as Redis sees them: the lock, its slot's fencing counter, its line and its info hash. */
+  function keysOf(name: string): { key: string; fence: string; line: string; deadlines: string; info: string } {
+    const key = prefix + name;
+    const tagged = (marker: string): string => `${prefix}${marker}{${slotTag(keySlot(key))}}`;
+    return {
+      key,
+      fence: tagged('#fence:'),
+      line: `${tagged('#line:')}q:${key}`,
+      deadlines: `${tagged('#line:')}t:${key}`,
+      info: `${tagged('#line:')}i:${key}`,
+    };
+  }
+
+  async function keysIn(port: number, slot: number): Promise<string[]> {
+    const reply = await inspector(port).call('CLUSTER', 'GETKEYSINSLOT', String(slot), '10000');
+    if (!Array.isArray(reply)) throw new Error(`Unexpected reply to CLUSTER GETKEYSINSLOT: ${JSON.stringify(reply)}`);
+    return reply.map(String).sort();
+  }
+
+  /** `count` keys of no lock's in the slot of `tag`, written on master A (which serves it). */
+  async function fill(tag: string, count: number): Promise<void> {
+    const pairs: string[] = [];
+    for (let i = 0; i < count; i += 1) pairs.push(`{${tag}}:other:${i}`, 'x');
+    await inspector(source).call('MSET', ...pairs);
+  }
+
+  /** Lock `key` as the node on `port` has it (its hash and PTTL; ASKING, so a slot's importing target answers too), or undefined. */
+  async function lockOn(
+    port: number,
+    key: string,
+  ): Promise<{ fields: Record<string, string>; pttl: number } | undefined> {
+    const replies = await inspector(port).pipeline().call('ASKING').hgetall(key).call('ASKING').pttl(key).exec();
+    const [, [fieldsError, fields], , [pttlError, pttl]] = replies ?? [];
+    // ASK or MOVED: the node does not have it (any more).
+    if (fieldsError || pttlError || pttl === -2) return undefined;
+    return { fields: fields as Record<string, string>, pttl: Number(pttl) };
+  }
+
+  /** How many wait in the line `line` (ZCARD), on whichever of A and B has it (ASKING, as above). */
+  async function lineLength(line: string): Promise<number> {
+    const counts = await Promise.all(
+      [source, target].map(async (port) => {
+        const replies = await inspector(port).pipeline().call('ASKING').zcard(line).exec();
+        const [, [failed, count]] = replies ?? [
+          [null, null],
+          [null, 0],
+        ];
+        return failed ? 0 : Number(count);
+      }),
+    );
+    return Math.max(...counts);
+  }
+
+  /** `lockOn` both nodes, as one line for messages. */
+  async function lockState(
+    key: string,
+  ): Promise<{ a?: Record<string, string>; b?: Record<string, string>; text: string }> {
+    const [a, b] = await Promise.all([lockOn(source, key), lockOn(target, key)]);
+    const show = (s: typeof a): string => (s ? `${JSON.stringify(s.fields)} pttl ${s.pttl}` : 'none');
+    return { a: a?.fields, b: b?.fields, text: `A: ${show(a)}, B: ${show(b)}` };
+  }
+
+  /** How a call ended, and when (`performance.now()`). */
+  interface Outcome<T> {
+    readonly promise: Promise<void>;
+    at?: number;
+    value?: T;
+    error?: unknown;
+  }
+  function track<T>(promise: Promise<T>): Outcome<T> {
+    const outcome: Outcome<T> = {
+      promise: promise.then(
+        (value) => {
+          outcome.at = performance.now();
+          outcome.value = value;
+        },
+        (reason: unknown) => {
+          outcome.at = performance.now();
+          outcome.error = reason;
+        },
+      ),
+    };
+    return outcome;
+  }
+  const describeError = (reason: unknown): string =>
+    reason instanceof Error
+      ? `${reason.name}: ${reason.message}${reason.cause instanceof Error ? ` (cause: ${reason.cause.message})` : ''}`
+      : String(reason);
+
+  const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+  it.each<[string, 'others' | 'line']>([
+    ['none of its keys moved yet, 20 other keys of its slot have', 'others'],
+    ["some of its keys moved (its line's), the lock key not", 'line'],
+  ])(
+    'a lock released while its slot is MIGRATING, %s, a waiter in its line: the release completes or changes nothing until the slot settles, its caller gets no error, and the waiter gets the lock',
+    async (_, moved) => {
+      const { tag, slot } = freshSlot(moved === 'others' ? 'ro' : 'rl');
+      const name = `{${tag}}lock`;
+      const keys = keysOf(name);
+      const hold = await holder.locks.lock(name);
+      const wait = track(waiter.locks.tryLock(name, { waitTime: 15_000 }));
+      await waitFor(
+        async () => (await inspector(source).zcard(keys.line)) === 1,
+        5_000,
+        'the waiter to take its place in the line',
+      );
+      if (moved === 'others') await fill(tag, 20);
+      const migration = await resharder.begin(slot, target);
+      open.push(migration);
+      expect(await migration.migrateKeys(moved === 'others' ? 20 : 2), 'keys moved').toBe(moved === 'others' ? 20 : 2);
+      const [onA, onB] = await Promise.all([keysIn(source, slot), keysIn(target, slot)]);
+      const split = `keys on A: ${onA.join(' ')}\nkeys on B: ${onB.join(' ')}`;
+      if (moved === 'others') {
+        expect(onA, split).toEqual(
+          expect.arrayContaining([keys.key, keys.fence, keys.line, keys.deadlines, keys.info]),
+        );
+        expect(
+          onB.every((key) => key.includes('}:other:')),
+          split,
+        ).toBe(true);
+      } else {
+        expect(onA, split).toEqual(expect.arrayContaining([keys.key, keys.fence]));
+        expect(onB, split).toEqual(expect.arrayContaining([keys.line, keys.deadlines]));
+      }
+      expect((await lockState(keys.key)).a, 'the holder holds it on A').toHaveProperty(hold.owner);
+
+      const release = track(hold.release());
+      // The slot stays MIGRATING for RELEASE_STALL_MS. Meanwhile, whatever Redis holds is either
+      // the release not done (the holder's hold still there) or done (the hold gone, and the lock
+      // granted to the waiter or held by it, or free with the waiter out of the line: a grant it
+      // could not take up in time lapses). Half-way: the hold gone, the lock free, the waiter
+      // still in the line, where no release has put it first.
+      const halfWay: string[] = [];
+      const stallEnds = performance.now() + RELEASE_STALL_MS;
+      while (performance.now() < stallEnds) {
+        const [state, inLine] = await Promise.all([lockState(keys.key), lineLength(keys.line)]);
+        const holderThere = state.a?.[hold.owner] !== undefined || state.b?.[hold.owner] !== undefined;
+        const handedOn = state.a !== undefined || state.b !== undefined || wait.at !== undefined || inLine === 0;
+        if (!holderThere && !handedOn)
+          halfWay.push(
+            `${Math.round(performance.now() - (stallEnds - RELEASE_STALL_MS))} ms: ${state.text}, ${inLine} in line`,
+          );
+        await sleep(50);
+      }
+      await migration.finish();
+      const settled = performance.now();
+      await release.promise;
+      await Promise.race([wait.promise, sleep(SETTLED_HAND_OVER_MS * 2)]);
+      const after = await lockState(keys.key);
+      const report =
+        `release: ${release.error === undefined ? String(release.value) : describeError(release.error)} ` +
+        `after ${release.at === undefined ? '-' : Math.round(release.at - (stallEnds - RELEASE_STALL_MS))} ms; ` +
+        `waiter: ${wait.error === undefined ? (wait.value ? 'holds it' : String(wait.value)) : describeError(wait.error)} ` +
+        `${wait.at === undefined ? 'not yet' : `${Math.round(wait.at - settled)} ms after the slot settled`}; ` +
+        `now ${after.text} (holder ${hold.owner}, waiter ${wait.value?.owner ?? '-'})\nhalf-way states seen: ${halfWay.slice(0, 5).join('; ') || 'none'}`;
+
+      expect(
+        halfWay,
+        `the release left the lock half-way (gone, not handed on) while the waiter waited\n${report}`,
+      ).toEqual([]);
+      expect(release.error, report).toBeUndefined();
+      expect(release.value, report).toBe(true);
+      expect(wait.error, report).toBeUndefined();
+      expect(wait.value, report).toBeTruthy();
+      expect(wait.value?.fencingToken, report).toBeGreaterThan(hold.fencingToken);
+      expect((wait.at ?? Infinity) - Math.max(settled, release.at ?? 0), report).toBeLessThan(SETTLED_HAND_OVER_MS);
+      // B has the slot now, and on it the lock is the waiter's alone.
+      expect(after.b, report).toEqual({ [wait.value?.owner ?? 'the waiter']: '1' });
+      await wait.value?.release();
+      expect(await lockOn(target, keys.key), 'released at the end').toBeUndefined();
+    },
+    30_000,
+  );
+
+  /**
+   * A slot of its own with its keys split between A and B for STALL_MS: its fencing counter (from
+   * a first hold), what `before` takes, then 200 other keys, the newest 100 of them moved to B.
+   * What `during` starts runs meanwhile; then the migration finishes.
+   */
+  async function stalled(
+    label: string,
+    steps: { before?: (tag: string) => Promise<void>; during: (tag: string) => void },
+  ): Promise<{ began: number; settled: number }> {
+    const { tag, slot } = freshSlot(label);
+    await (await holder.locks.lock(`{${tag}}first`)).release();
+    await steps.before?.(tag);
+    await fill(tag, 200);
+    const migration = await resharder.begin(slot, target);
+    open.push(migration);
+    expect(await migration.migrateKeys(100), 'keys moved to B').toBe(100);
+    const [onA, onB] = await Promise.all([keysIn(source, slot), keysIn(target, slot)]);
+    expect(onA, 'the fencing counter still on A').toContain(keysOf(`{${tag}}first`).fence);
+    expect(onB.filter((key) => key.includes('}:other:')).length, 'other keys on B').toBe(100);
+    const began = performance.now();
+    steps.during(tag);
+    await sleep(STALL_MS);
+    await migration.finish();
+    return { began, settled: performance.now() };
+  }
+
+  it('an acquisition whose waitTime outlasts a slot left MIGRATING for 3 s, its keys split: it waits the migration out and gets the lock', async () => {
+    let wait: Outcome<LockHandle | null> | undefined;
+    const { began, settled } = await stalled('aw', {
+      during: (tag) => void (wait = track(waiter.locks.tryLock(`{${tag}}lock`, { waitTime: STALL_MS * 2 }))),
+    });
+    const waited = wait as Outcome<LockHandle | null>;
+    await Promise.race([waited.promise, sleep(STALL_MS * 2)]);
+    const report =
+      `${waited.error === undefined ? (waited.value ? 'got the lock' : String(waited.value)) : describeError(waited.error)} ` +
+      `${waited.at === undefined ? 'not yet' : `${Math.round(waited.at - began)} ms after it began, the slot settled after ${Math.round(settled - began)} ms`}`;
+    expect(waited.error, report).toBeUndefined();
+    expect(waited.value, report).toBeTruthy();
+    expect((waited.at ?? Infinity) - settled, report).toBeLessThan(SETTLED_HAND_OVER_MS);
+    await waited.value?.release();
+  }, 30_000);
+
+  it('an acquisition whose waitTime (1 s) ends before a slot left MIGRATING for 3 s settles: it gives up within its waitTime, with an error that says the slot was migrating', async () => {
+    const WAIT_MS = 1_000;
+    let wait: Outcome<LockHandle | null> | undefined;
+    const { began } = await stalled('as', {
+      during: (tag) => void (wait = track(waiter.locks.tryLock(`{${tag}}lock`, { waitTime: WAIT_MS }))),
+    });
+    const waited = wait as Outcome<LockHandle | null>;
+    await waited.promise;
+    const took = Math.round((waited.at ?? Infinity) - began);
+    const outcome = waited.value ? 'got the lock' : String(waited.value);
+    const report = `${waited.error === undefined ? outcome : describeError(waited.error)} after ${took} ms`;
+    await waited.value?.release();
+    expect(waited.error, report).toBeInstanceOf(DisLockError);
+    expect(took, report).toBeLessThanOrEqual(WAIT_MS + GIVE_UP_MARGIN_MS);
+    expect((waited.error as Error).message, report).toMatch(/migrat/i);
+  }, 30_000);
+
+  it('a release (operationTimeout 1 s) during a slot left MIGRATING for 3 s: it fails saying the slot was migrating, or succeeds, and the lock is given back once the slot settles, not left to its 30 s lease', async () => {
+    const shortHolder = await app({ operationTimeout: 1_000 });
+    let hold: LockHandle | undefined;
+    let release: Outcome<boolean> | undefined;
+    const { began, settled } = await stalled('rg', {
+      before: async (tag) => void (hold = await shortHolder.locks.lock(`{${tag}}lock`)),
+      during: () => void (release = track((hold as LockHandle).release())),
+    });
+    const key = (hold as LockHandle).key;
+    const released = release as Outcome<boolean>;
+    await released.promise;
+    const atSettle = await lockOn(target, key);
+    let goneAfter: number | undefined;
+    await waitFor(
+      async () => (await lockOn(target, key)) === undefined && (goneAfter = Math.round(performance.now() - settled)),
+      SETTLED_HAND_OVER_MS * 4,
+      'the lock to be gone from B',
+    ).catch(() => undefined);
+    const report =
+      `release: ${released.error === undefined ? String(released.value) : describeError(released.error)} ` +
+      `after ${Math.round((released.at ?? Infinity) - began)} ms; the slot settled after ${Math.round(settled - began)} ms, ` +
+      `the lock then on B: ${atSettle ? `${JSON.stringify(atSettle.fields)} pttl ${atSettle.pttl}` : 'none'}, ` +
+      `gone ${goneAfter === undefined ? 'not within 6 s' : `${goneAfter} ms`} after`;
+    if (released.error !== undefined) {
+      expect(released.error, report).toBeInstanceOf(DisLockError);
+      expect((released.error as Error).message, report).toMatch(/migrat/i);
+    } else expect(released.value, report).toBe(true);
+    expect(goneAfter, report).toBeLessThan(1_000);
+    // Free for anyone at once.
+    const next = await waiter.locks.tryLock((hold as LockHandle).name);
+    expect(next, report).toBeTruthy();
+    await next?.release();
+  }, 30_000);
 });

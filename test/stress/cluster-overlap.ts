@@ -59,7 +59,7 @@ interface Settings {
 }
 
 /** One critical section as it ran. */
-interface Section {
+export interface Section {
   readonly name: string;
   readonly app: number;
   readonly loop: number;
@@ -72,7 +72,7 @@ interface Section {
 }
 
 /** A lock event worth keeping beside the sections: a loss or a failed renewal. */
-interface Incident {
+export interface Incident {
   readonly at: number;
   readonly app: number;
   readonly name: string;
@@ -80,7 +80,7 @@ interface Incident {
   readonly what: string;
 }
 
-interface Violation {
+export interface Violation {
   readonly kind: 'overlap' | 'duplicate token' | 'decreasing token';
   readonly text: string;
 }
@@ -168,7 +168,7 @@ function describeSection(s: Section, origin: number): string {
 }
 
 /** Overlapping sections of one name, and fencing tokens that repeat or go down from one section to the next. */
-function check(
+export function check(
   sections: readonly Section[],
   incidents: readonly Incident[],
   masterOf: ReadonlyMap<string, number>,

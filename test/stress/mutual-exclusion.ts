@@ -13,11 +13,13 @@
  *
  * `npm run stress -- --faults ...` runs the randomized history check under network faults instead
  * (see fault-history.ts); `npm run stress -- --cluster-overlap ...` mutual exclusion on a Redis
- * Cluster at high density (see cluster-overlap.ts).
+ * Cluster at high density (see cluster-overlap.ts); `npm run stress -- --reshard ...` locks raced
+ * on a Cluster whose slots move back and forth, measured against issue 25 (see cluster-reshard.ts).
  */
 import { parseArgs } from 'node:util';
 import { RedisServer } from '../support/redis-server';
 import { clusterOverlap } from './cluster-overlap';
+import { clusterReshard } from './cluster-reshard';
 import { faultHistory } from './fault-history';
 import {
   describeRun,
@@ -113,7 +115,9 @@ const argv = process.argv.slice(2);
   ? faultHistory(argv)
   : argv.includes('--cluster-overlap')
     ? clusterOverlap(argv.filter((arg) => arg !== '--cluster-overlap'))
-    : main()
+    : argv.includes('--reshard')
+      ? clusterReshard(argv.filter((arg) => arg !== '--reshard'))
+      : main()
 ).then(
   (code) => process.exit(code),
   (error: unknown) => {
