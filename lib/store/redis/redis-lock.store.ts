@@ -93,6 +93,18 @@ const isSlotMigrating = (reply: unknown): boolean =>
   (/^TRYAGAIN /.test(reply.message) ||
     /^Too many Cluster redirections\. Last error: (ReplyError: )?(TRYAGAIN|ASK|MOVED) /.test(reply.message));
 
+/**
+ * Whether the Cluster client holds a command back right now to send it again after Redis answered
+ * TRYAGAIN (a slot migrating): ioredis retries that by itself, `retryDelayOnTryAgain` apart, up to
+ * `maxRedirections` times (1.6 s by default), before it tells its caller anything. Read from its
+ * delay queue, which is not public API (ioredis 5 and 6 have it): a client without it reads as no,
+ * and an operation that times out meanwhile is then reported as Redis not answering.
+ */
+function retryingTryAgain(client: Cluster): boolean {
+  const internals = client as unknown as { delayQueue?: { timeouts?: Record<string, unknown> } };
+  return Boolean(internals.delayQueue?.timeouts?.tryagain);
+}
+
 /** A script refused because its slot is migrating goes again after this long, doubling up to MIGRATING_RETRY_MAX_MS. */
 const MIGRATING_RETRY_MS = 50;
 const MIGRATING_RETRY_MAX_MS = 400;
@@ -212,7 +224,7 @@ export class RedisLockStore implements LockStore {
     );
     let reply: unknown;
     try {
-      reply = await this.bounded(pending, () => migration.error);
+      reply = await this.bounded(pending, () => this.migrating(migration, key));
     } catch (error) {
       // No answer in time, the client's own commandTimeout, a connection closed in flight: the
       // script may have run, or may still run. Whatever the error, give the hold back.
@@ -577,7 +589,16 @@ export class RedisLockStore implements LockStore {
 
   private run(script: LuaScript, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
     const migration: Migration = {};
-    return this.bounded(this.send(script, keys, args, migration), () => migration.error);
+    return this.bounded(this.send(script, keys, args, migration), () => this.migrating(migration, keys[0]));
+  }
+
+  /**
+   * Why an operation on `key` that timed out was late, when its slot was migrating: it met
+   * TRYAGAIN itself (`migration`), or ioredis is holding a command back after one.
+   */
+  private migrating(migration: Migration, key: string): SlotMigratingError | undefined {
+    if (migration.error || !this.cluster || !retryingTryAgain(this.client as Cluster)) return migration.error;
+    return new SlotMigratingError(keySlot(this.clientPrefix + key), undefined);
   }
 
   /**
