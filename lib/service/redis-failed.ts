@@ -31,7 +31,7 @@ export function redisFailed(
     error instanceof StoreTimeoutError
       ? `Redis did not answer within ${error.timeoutMs} ms`
       : error instanceof SlotMigratingError
-        ? 'its Redis Cluster hash slot was migrating to another master for as long as the call could wait (Redis answered TRYAGAIN; nothing was changed, and it may be tried again)'
+        ? 'its Redis Cluster hash slot was migrating to another master for as long as the call could wait (Redis answered TRYAGAIN)'
         : 'Redis is unavailable';
   return new RedisUnavailableError(operation, name, `Could not ${operation} lock "${name}": ${why}`, { cause: error });
 }

@@ -40,8 +40,8 @@ export class ReplicaShortfallError extends Error {
 /**
  * A Redis Cluster kept refusing a lock operation because the lock's hash slot was migrating
  * between masters (`TRYAGAIN`: the lock's keys were split between the two, and the script did not
- * run) for as long as the operation could wait. Nothing was changed. `LockService` turns it into a
- * `RedisUnavailableError` that says so; Redis's own refusal is its `cause`.
+ * run; a copy the client still holds back may run later) for as long as the operation could wait.
+ * `LockService` turns it into a `RedisUnavailableError` that says so; Redis's refusal is its `cause`.
  */
 export class SlotMigratingError extends Error {
   constructor(
