@@ -13,7 +13,8 @@
  * force-unlocks now and then. In about a quarter of its fault stretches (at most 3 a round) Redis
  * forgets its locks: the lock Redis restarted without persistence or flushed (FLUSHALL; on a Cluster
  * one master, restarted from its own nodes.conf), and the checker's rule 5 wants every holder it took
- * a lock from told within a second of Redis being back. `--plain` runs the plain worker instead (plain locks, default client
+ * a lock from told within a second of Redis being back; on a Cluster the slots of 1-3 names move to
+ * another master and back in about half of them, sometimes stopped mid-way. `--plain` runs the plain worker instead (plain locks, default client
  * options, one Redis). Prints a summary line per round (the draws, and counts that show them:
  * forceUnlocks, cancelled Observables, ioredis command timeouts, holds that began with synchronous
  * work), a total per topology, and exits 1 at the first round with a violation, printing the
@@ -23,7 +24,7 @@
 import { randomInt } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import { type HistoryRun, runHistory, type Topology } from '../support/history/run-history';
-import { draws, lossesOf } from '../support/history/history';
+import { draws, lossesOf, migrationsOf } from '../support/history/history';
 
 const usage =
   'usage: npm run stress -- --faults [--minutes N] [--topology both|single|cluster] [--seed S] [--workers W] ' +
@@ -46,6 +47,8 @@ interface Totals {
   syncWork: number;
   restarts: number;
   flushes: number;
+  migrations: number;
+  midway: number;
 }
 
 const emptyTotals = (): Totals => ({
@@ -58,13 +61,15 @@ const emptyTotals = (): Totals => ({
   syncWork: 0,
   restarts: 0,
   flushes: 0,
+  migrations: 0,
+  midway: 0,
 });
 
 function add(totals: Totals, run: HistoryRun): void {
   const drawn = draws(run.events);
   totals.rounds += 1;
   totals.holds += run.events.filter((e) => e.kind === 'hold').length;
-  totals.faults += run.faults.filter((f) => !f.forgot).length;
+  totals.faults += run.faults.filter((f) => !f.forgot && !f.migrated).length;
   totals.forceUnlocks += drawn.forceUnlocks;
   totals.cancelled += drawn.cancelledObservables;
   totals.commandTimeouts += drawn.commandTimeouts;
@@ -72,12 +77,18 @@ function add(totals: Totals, run: HistoryRun): void {
   const losses = lossesOf(run.faults);
   totals.restarts += losses.filter((l) => l.kind === 'restart').length;
   totals.flushes += losses.filter((l) => l.kind === 'flushall').length;
+  const legs = migrationsOf(run.faults);
+  totals.migrations += legs.filter((m) => !m.back).length;
+  totals.midway += legs.filter((m) => m.stalledMs > 0).length;
 }
 
 const describeTotals = (topology: string, t: Totals): string =>
   `${topology}: ${t.rounds} rounds, ${t.holds} holds, ${t.faults} faults, ${t.forceUnlocks} forceUnlocks, ` +
   `${t.cancelled} cancelled Observables, ${t.commandTimeouts} ioredis command timeouts, ${t.syncWork} holds after sync work, ` +
-  `Redis restarted without persistence ${t.restarts} times and flushed ${t.flushes} times`;
+  `Redis restarted without persistence ${t.restarts} times and flushed ${t.flushes} times` +
+  (t.migrations > 0
+    ? `, slots of names migrated and back ${t.migrations} times (${t.midway} moves stopped mid-way)`
+    : '');
 
 export async function faultHistory(argv: string[]): Promise<number> {
   const { values } = parseArgs({

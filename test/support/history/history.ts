@@ -109,6 +109,15 @@
  * without returning it. A call that failed may have run or not: every hold taken before Redis's
  * clock was read again on that connection after it is excused.
  *
+ * On a Cluster the run also moves the slots of some names to another master and back, now and
+ * then stopped mid-way (fault records with `migrated`, one per process's connection, from the first
+ * SETSLOT to every node agreeing on the new master; issue 25). Rules 1, 2 and 5 judge those
+ * seconds as any others: a migration excuses no second holder and no token out of order. Rule 3
+ * does not judge a release near one, as near any fault. Rule 4 counts one as a fault on every
+ * connection that closed none, after which what a process sent meanwhile has reached Redis within
+ * MIGRATION_RECOVER_MS: a release that failed while its slot moved (TRYAGAIN, a script stopped by a
+ * key no longer on the node) is given back by retries at most a second apart.
+ *
  * A paused holder is excused (rules 1 and 2) only when its lease is short enough that a pause
  * could have ended it: a fixed lease, or a renewed one shorter than `LONG_LEASE_MS`. A pause of a
  * few hundred ms cannot end a 30 s watchdog lease (renewed every 10 s), so a second holder beside
@@ -345,6 +354,40 @@ export interface FaultRecord {
    * the restarted server answered, on a Cluster its master said `cluster_state:ok`; FLUSHALL answered).
    */
   readonly forgot?: DataLoss;
+  /**
+   * On a Cluster, the slots of some names moved to another master (see `SlotMigration`): every
+   * process's connection gets a record of it, all with the same `from` (the first SETSLOT sent)
+   * and `to` (every node says the new master serves them).
+   */
+  readonly migrated?: SlotMigration;
+}
+
+/** The slots of some of a Cluster run's names moved master to master (issue 25), as a fault. */
+export interface SlotMigration {
+  /** The names whose slots moved. */
+  readonly names: readonly string[];
+  readonly fromPorts: readonly number[];
+  readonly toPort: number;
+  /** The slots went back to their masters (the second leg of a migration). */
+  readonly back: boolean;
+  /** How long the slots stood MIGRATING, half of their keys moved, before the rest went: 0 straight through. */
+  readonly stalledMs: number;
+}
+
+/** One leg of a slot migration, once (each process's connection has a record of it). */
+export interface Migration extends SlotMigration {
+  readonly from: number;
+  readonly to: number;
+}
+
+/** The slot migrations of a run, each leg once, in time order. */
+export function migrationsOf(faults: readonly FaultRecord[]): Migration[] {
+  const byId = new Map<string, Migration>();
+  for (const f of faults) {
+    if (f.migrated && !byId.has(`${f.from} ${f.to}`))
+      byId.set(`${f.from} ${f.to}`, { ...f.migrated, from: f.from, to: f.to });
+  }
+  return [...byId.values()].sort((a, b) => a.from - b.from);
 }
 
 /** How Redis forgot its locks mid-run (issue 21): restarted without persistence, or FLUSHALL. */
@@ -486,6 +529,13 @@ export const LONG_LEASE_MS = 3_000;
  */
 const SETTLE_MS = 150;
 const RECOVER_MS = 500;
+/**
+ * After a slot migration, what a process sent meanwhile has reached Redis within this: a release
+ * that failed while its slot moved (TRYAGAIN, a script stopped by a key no longer on the node) is
+ * given back by retries at most 1 s apart (give-back.ts), the first after the slot settled
+ * within that second; and its client's slot map is refreshed by then (RECOVER_MS).
+ */
+const MIGRATION_RECOVER_MS = 1_500;
 const PLACE_LAPSE_MS = 3_000;
 /** A waiter attempts at least every second (the store's lineRefreshMs), the grant lasts 250 ms; and room. */
 export const LINE_GAP_MS = 1_500;
@@ -643,7 +693,9 @@ class Forgetting {
       moved = false;
       let extra = 0;
       for (const f of this.faultsOf.get(worker) ?? []) {
-        if ((f.forgot && f.from === l.from && f.to === l.to) || f.to + RECOVER_MS < l.to || f.from > deadline) continue;
+        // A slot migration makes no node unreachable (and none runs near a loss, see run-history.ts).
+        if (f.migrated || (f.forgot && f.from === l.from && f.to === l.to) || f.to + RECOVER_MS < l.to) continue;
+        if (f.from > deadline) continue;
         extra += f.to + RECOVER_MS - Math.max(f.from, l.to);
       }
       if (l.to + LOSS_TELL_MS + extra > deadline) {
@@ -1181,7 +1233,7 @@ function checkHeldByNobody(
     for (let moved = true; moved;) {
       moved = false;
       for (const f of faultsOf.get(worker) ?? []) {
-        const reach = f.to + RECOVER_MS;
+        const reach = f.to + (f.migrated ? MIGRATION_RECOVER_MS : RECOVER_MS);
         if (f.from <= t && reach > t) {
           t = reach;
           moved = true;
@@ -1521,7 +1573,7 @@ export function summarize(events: readonly HistoryEvent[], faults: readonly Faul
         `${drawn.lockAtLeastForHolds} with lockAtLeastFor, ${drawn.longLeaseHolds} on a long watchdog lease`
       : '';
   const kinds = new Map<string, number>();
-  const injected = faults.filter((f) => !f.forgot);
+  const injected = faults.filter((f) => !f.forgot && !f.migrated);
   for (const f of injected) kinds.set(f.kind, (kinds.get(f.kind) ?? 0) + 1);
   const losses = lossesOf(faults);
   const forgot =
@@ -1533,6 +1585,14 @@ export function summarize(events: readonly HistoryEvent[], faults: readonly Faul
               `${l.kind === 'restart' ? 'restart' : 'FLUSHALL'}${l.names ? ` of ${l.names.size} names` : ''} back after ${fmt(l.to - l.from)} ms`,
           )
           .join(', ')})`;
+  const legs = migrationsOf(faults);
+  const midway = legs.filter((m) => m.stalledMs > 0);
+  const migrated =
+    legs.length === 0
+      ? ''
+      : `; slots of ${legs.filter((m) => !m.back).length} sets of 1-3 names migrated and back (${legs.length} moves, ` +
+        `${midway.length} stopped mid-way${midway.length > 0 ? ` up to ${fmt(Math.max(...midway.map((m) => m.stalledMs)))} ms` : ''}, ` +
+        `longest ${fmt(Math.max(...legs.map((m) => m.to - m.from)))} ms)`;
   const ops = new Map<string, number>();
   for (const h of holds) if (!h.nested) ops.set(h.op ?? 'mutex', (ops.get(h.op ?? 'mutex') ?? 0) + 1);
   const pauseRecords = events.filter((e): e is PauseRecord => e.kind === 'pause');
@@ -1556,7 +1616,7 @@ export function summarize(events: readonly HistoryEvent[], faults: readonly Faul
     `${events.filter((e) => e.kind === 'unknown').length} outcomes unknown, ` +
     `${events.filter((e) => e.kind === 'release').length} releases, ` +
     `fenced writes ${count((h) => h.write === 'accepted')} accepted / ${count((h) => h.write === 'refused')} refused; ` +
-    `${injected.length} faults (${[...kinds].map(([k, n]) => `${k} ${n}`).join(', ')})${forgot}; ` +
+    `${injected.length} faults (${[...kinds].map(([k, n]) => `${k} ${n}`).join(', ')})${forgot}${migrated}; ` +
     `event loops stood still ${pauses} times (${stalled.toFixed(0)} ms in all)`
   );
 }

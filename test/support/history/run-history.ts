@@ -6,7 +6,11 @@
  * into a random worker's connection every 100-400 ms. Now and then (`lossPlan`) Redis forgets its
  * locks: the lock Redis, or one Cluster master, restarted without persistence or flushed (FLUSHALL),
  * recorded as a fault on every process's connection with what it took (`FaultRecord.forgot`); no
- * other fault is injected in the second after it, which rule 5 judges.
+ * other fault is injected in the second after it, which rule 5 judges. On a Cluster, now and then
+ * (`migrationPlan`) the slots of 1-3 names move to another master and back (test/support/reshard.ts),
+ * either way sometimes stopped mid-way for up to 2 s, beside the other faults; recorded as a fault on
+ * every process's connection with the names it moved (`FaultRecord.migrated`). Redis forgets only
+ * once such a move is done.
  *
  * Everything the run chooses comes from `seed`: the client options users set (`operationTimeout`
  * from 50 ms to 5 s, ioredis's `commandTimeout` sometimes, `enableAutoPipelining` on or off), how
@@ -30,6 +34,7 @@ import type { LuaScript } from '../../../lib/store/redis/scripts/lua-script';
 import { RELEASE_SCRIPT } from '../../../lib/store/redis/scripts/release.script';
 import { RENEW_SCRIPT } from '../../../lib/store/redis/scripts/renew.script';
 import { RedisCluster } from '../cluster';
+import { Resharder, type SlotMigration as SlotMove } from '../reshard';
 import { type ConnectionKind, FaultProxy, isScript } from '../fault-proxy';
 import { RedisServer } from '../redis-server';
 import type { HistoryWorkerConfig } from '../workers/history.worker';
@@ -49,6 +54,7 @@ import {
   quietReleases,
   summarize,
   TICK_MS,
+  type SlotMigration,
   type Violation,
 } from './history';
 import type { OperatorWorkerConfig } from './operator.worker';
@@ -100,6 +106,8 @@ export interface HistoryRun {
   readonly draws: RunDraws;
   /** A family run's semaphores, with the permits the seed gave them. */
   readonly semaphores: readonly { readonly name: string; readonly permits: number }[];
+  /** The lock names the workers shared (a family run's read-write locks, then its semaphores). */
+  readonly names: readonly string[];
   readonly events: HistoryEvent[];
   readonly faults: FaultRecord[];
   readonly violations: Violation[];
@@ -160,6 +168,70 @@ export function lossPlan(seed: number, durationMs: number, topology: Topology, c
     if (drawn && backMs < durationMs - calmTailMs - LOSS_TELL_MS * 1.5) plan.push({ atMs, kind, master });
   }
   return plan;
+}
+
+/**
+ * A Cluster run's slot migration (issue 25): the slots of 1-3 of its names move to another master
+ * and, a while later, back to where they were. Either way may stop mid-way: each slot MIGRATING,
+ * half of its keys moved, for `stallMs` before the rest go (a slot of many keys takes seconds).
+ */
+export interface PlannedMigration {
+  readonly atMs: number;
+  /** Indexes into the run's names (its read-write locks, then its semaphore). */
+  readonly names: readonly number[];
+  /** The master that takes them: this many places on from the first name's, in port order. */
+  readonly step: 1 | 2;
+  readonly thereStallMs: number;
+  /** How long after the slots arrived they go back. */
+  readonly backAfterMs: number;
+  readonly backStallMs: number;
+}
+
+/** A slot migration in this share of a Cluster run's fault stretches, at least one a run, at most one per 10 s (2 at least). */
+const MIGRATION_SHARE = 0.5;
+const MIGRATIONS_PER_MS = 1 / 10_000;
+/** A way there or back stops mid-way this often, for 200 ms to 2 s (past ioredis's 16 TRYAGAIN retries at 100 ms). */
+const MIGRATION_STALL_SHARE = 0.4;
+/** Room for the moves themselves (a few slots of a few keys: tens of ms) on a loaded machine. */
+const MIGRATION_MOVES_MS = 1_000;
+
+/**
+ * The seed's slot migrations on a Cluster, from a PRNG of their own (the seed's other draws stay as
+ * they were): in half of the fault stretches, at a random moment of it, 1-3 of the `names` names,
+ * at least once a run; only where the way back ends before the run's calm tail. The run starts one
+ * only when the one before is back, and never in the second after Redis forgot (rule 5).
+ */
+export function migrationPlan(seed: number, durationMs: number, names: number, calmTailMs = 0): PlannedMigration[] {
+  const random = prng(seed ^ 0x3e5a_2d01);
+  const plan: PlannedMigration[] = [];
+  const fitting: PlannedMigration[] = [];
+  const stall = (): number => (random() < MIGRATION_STALL_SHARE ? Math.round(200 + random() * 1_800) : 0);
+  for (let cycle = 0; cycle * CYCLE_MS < durationMs; cycle += 1) {
+    const drawn = random() < MIGRATION_SHARE;
+    const atMs = cycle * CYCLE_MS + random() * FAULTY_MS;
+    const order = Array.from({ length: names }, (_, i) => i);
+    for (let i = order.length - 1; i > 0; i -= 1) {
+      const j = Math.floor(random() * (i + 1));
+      [order[i], order[j]] = [order[j], order[i]];
+    }
+    const picked = order.slice(0, Math.min(names, 1 + Math.floor(random() * 3)));
+    const step: 1 | 2 = random() < 0.5 ? 1 : 2;
+    const migration = {
+      atMs,
+      names: picked,
+      step,
+      thereStallMs: stall(),
+      backAfterMs: Math.round(300 + random() * 900),
+      backStallMs: stall(),
+    };
+    const endsMs = atMs + migration.thereStallMs + migration.backAfterMs + migration.backStallMs + MIGRATION_MOVES_MS;
+    if (endsMs >= durationMs - calmTailMs) continue;
+    fitting.push(migration);
+    const last = plan[plan.length - 1];
+    const most = Math.max(2, Math.floor(durationMs * MIGRATIONS_PER_MS));
+    if (drawn && plan.length < most && (!last || last.atMs + CYCLE_MS <= atMs)) plan.push(migration);
+  }
+  return plan.length === 0 && fitting.length > 0 ? [fitting[0]] : plan;
 }
 
 const SCRIPTS: readonly LuaScript[] = [ACQUIRE_SCRIPT, CHECK_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT];
@@ -318,25 +390,33 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
   const events: HistoryEvent[] = [];
   const faults: FaultRecord[] = [];
   let semaphores: FamilyWorkerConfig['semaphores'] = [];
+  let names: readonly string[] = [];
   let redisClockOffsetMs: number | undefined;
   let stoppedAt: number | undefined;
   let ticker: NodeJS.Timeout | undefined;
+  let resharder: Resharder | undefined;
   try {
-    if (topology === 'cluster') cluster = await RedisCluster.start({ nodeTimeoutMs: CLUSTER_NODE_TIMEOUT_MS });
-    else lockServer = await RedisServer.start();
+    if (topology === 'cluster') {
+      cluster = await RedisCluster.start({ nodeTimeoutMs: CLUSTER_NODE_TIMEOUT_MS });
+      resharder = new Resharder(cluster);
+    } else lockServer = await RedisServer.start();
     await preload(cluster ? (await cluster.topology()).map((node) => node.port) : [(lockServer as RedisServer).port]);
     const locks = await familyLocks(options.seed, options.names ?? (cluster ? 5 : 2), prefix, cluster);
-    // Where each name lives on a Cluster (the slot map at the start: the history moves no slot), for
-    // the names a master that forgets takes with it.
+    const allNames = [...locks.rwNames, ...locks.semaphores.map((sem) => sem.name)];
+    // The masters at the start (a loss picks one by its index), and where each name lives when a
+    // master forgets (slot migrations move some of them, and back), for the names it takes with it.
     const masters = cluster ? await cluster.masters() : [];
-    const namesOn = (port: number): string[] =>
-      [...locks.rwNames, ...locks.semaphores.map((sem) => sem.name)].filter((name) => {
+    const namesOn = async (port: number): Promise<string[]> => {
+      const now = await (cluster as RedisCluster).masters();
+      return allNames.filter((name) => {
         const slot = keySlot(prefix + name);
-        return masters.find((m) => m.slots.some(([a, b]) => slot >= a && slot <= b))?.port === port;
+        return now.find((m) => m.slots.some(([a, b]) => slot >= a && slot <= b))?.port === port;
       });
+    };
     const clockPort = cluster ? (await cluster.masters())[0].port : (lockServer as RedisServer).port;
     redisClockOffsetMs = await redisClockOffset(clockPort);
     semaphores = plain ? [] : locks.semaphores;
+    names = allNames;
     for (let i = 0; i < count + (withOperator ? 1 : 0); i += 1) groups.push(await proxyGroup(lockServer, cluster));
     const timeouts = draws.commandTimeout === undefined ? {} : { commandTimeout: draws.commandTimeout };
     const workers = groups.slice(0, count).map((group, worker) => {
@@ -410,15 +490,42 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     const groupsOfWorkers = groups.slice(0, count);
     const plan =
       options.faults === false ? [] : lossPlan(options.seed, options.durationMs, topology, options.calmTailMs);
+    const migrations =
+      options.faults === false || !cluster
+        ? []
+        : migrationPlan(options.seed, options.durationMs, allNames.length, options.calmTailMs);
+    /** The slot migration under way (it runs beside the other faults), if any, and why one failed. */
+    let migrating: Promise<void> | undefined;
+    let migrationFailed: unknown;
     /** No fault is injected until then: the second after Redis forgot is judged on a clean network (rule 5). */
     let cleanUntil = 0;
     while (clock() < until) {
       await sleep(100 + random() * 300);
+      const move = migrations[0];
+      if (move !== undefined && !migrating && clock() >= cleanUntil && clock() - startedAt >= move.atMs) {
+        migrations.shift();
+        const record = (migrated: SlotMigration, from: number, to: number): void => {
+          const kind =
+            `migrate the slots of ${migrated.names.length} names ${migrated.back ? 'back ' : ''}to :${migrated.toPort}` +
+            (migrated.stalledMs > 0 ? ', stopped mid-way' : '');
+          for (let worker = 0; worker < count; worker += 1)
+            faults.push({ worker, kind, from, to, closes: false, migrated });
+          if (operatorGroup) faults.push({ worker: count, kind, from, to, closes: false, operator: true, migrated });
+        };
+        const names = move.names.map((i) => allNames[i]);
+        migrating = migrate(cluster as RedisCluster, resharder as Resharder, prefix, allNames, names, move, record)
+          .catch((error: unknown) => void (migrationFailed = error))
+          .finally(() => (migrating = undefined));
+        continue;
+      }
       const due = plan[0];
       if (due !== undefined && clock() - startedAt >= due.atMs) {
         plan.shift();
+        // Redis forgets on settled slots: a master restarted mid-migration would come back with
+        // half a slot.
+        await migrating;
         const where = cluster ? masters[due.master % masters.length].port : (lockServer as RedisServer).port;
-        const lost = await forget(due.kind, lockServer, cluster, where, cluster ? namesOn(where) : undefined);
+        const lost = await forget(due.kind, lockServer, cluster, where, cluster ? await namesOn(where) : undefined);
         const record = { kind: lost.label, from: lost.from, to: lost.to, closes: due.kind === 'restart' };
         for (let worker = 0; worker < count; worker += 1) faults.push({ worker, ...record, forgot: lost.forgot });
         if (operatorGroup) faults.push({ worker: count, ...record, operator: true, forgot: lost.forgot });
@@ -445,6 +552,11 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
       }
       workers.forEach(collect);
     }
+    // A migration still under way ends (the plan has its way back end before the run does).
+    await migrating;
+    if (migrationFailed !== undefined) {
+      throw migrationFailed instanceof Error ? migrationFailed : new Error(JSON.stringify(migrationFailed));
+    }
     stoppedAt = clock();
     for (const w of workers) w.send({ type: 'stop' });
     for (const w of workers) {
@@ -459,6 +571,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     clearInterval(ticker);
     await set.killAll();
     await Promise.all(groups.flatMap((g) => g.proxies.map((proxy) => proxy.close())));
+    resharder?.close();
     await lockServer?.dispose();
     await cluster?.dispose();
     await fenceServer.dispose();
@@ -487,6 +600,7 @@ export async function runHistory(options: HistoryRunOptions): Promise<HistoryRun
     topology,
     draws,
     semaphores,
+    names,
     events,
     faults,
     violations,
@@ -560,6 +674,68 @@ async function inject(
     }
   } catch {
     // The proxy closed before this fault bit: it never happened.
+  }
+}
+
+/**
+ * One planned slot migration: the slots of `names` (and so of any other name in them) to the
+ * master `move.step` places on from the first name's, in port order, then after `backAfterMs` back
+ * to the masters they came from. Each way is recorded (`record`) once every node agrees, from the
+ * first SETSLOT; a way that stops mid-way leaves each slot MIGRATING with half of its keys moved
+ * (the first half `CLUSTER GETKEYSINSLOT` names) for its stall before the rest go.
+ */
+async function migrate(
+  cluster: RedisCluster,
+  resharder: Resharder,
+  prefix: string,
+  allNames: readonly string[],
+  names: readonly string[],
+  move: PlannedMigration,
+  record: (migrated: SlotMigration, from: number, to: number) => void,
+): Promise<void> {
+  const slots = [...new Set(names.map((name) => keySlot(prefix + name)))];
+  const ports = (await cluster.masters()).map((m) => m.port).sort((a, b) => a - b);
+  const owners = new Map<number, number>();
+  for (const slot of slots) owners.set(slot, await resharder.ownerOf(slot));
+  const target = ports[(ports.indexOf(owners.get(slots[0]) as number) + move.step) % ports.length];
+  const namesIn = (moved: readonly number[]): string[] =>
+    allNames.filter((name) => moved.includes(keySlot(prefix + name)));
+  const leg = async (moved: readonly number[], to: number, stallMs: number, back: boolean): Promise<void> => {
+    if (moved.length === 0) return;
+    const fromPorts = [...new Set(moved.map((slot) => owners.get(slot) as number))];
+    const from = clock();
+    if (stallMs === 0) await resharder.move(moved, to);
+    else {
+      const stopped: SlotMove[] = [];
+      for (const slot of moved) {
+        const source = await resharder.ownerOf(slot);
+        const keys = Number(await resharder.node(source).call('CLUSTER', 'COUNTKEYSINSLOT', String(slot)));
+        stopped.push(await resharder.begin(slot, to, { keys: Math.floor(keys / 2) }));
+      }
+      await sleep(stallMs);
+      for (const migration of stopped) await migration.finish();
+    }
+    record(
+      { names: namesIn(moved), fromPorts: back ? [target] : fromPorts, toPort: to, back, stalledMs: stallMs },
+      from,
+      clock(),
+    );
+  };
+  await leg(
+    slots.filter((slot) => owners.get(slot) !== target),
+    target,
+    move.thereStallMs,
+    false,
+  );
+  await sleep(move.backAfterMs);
+  for (const home of new Set(owners.values())) {
+    if (home === target) continue;
+    await leg(
+      slots.filter((slot) => owners.get(slot) === home),
+      home,
+      move.backStallMs,
+      true,
+    );
   }
 }
 
