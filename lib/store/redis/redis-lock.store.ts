@@ -8,7 +8,7 @@ import { refusal } from './access.refusal';
 import { evictionWarnings } from './eviction-check';
 import { ACQUIRE_SHARED_SCRIPT } from './scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
-import type { LuaScript } from './scripts/lua-script';
+import { isNoScript, type LuaScript } from './scripts/lua-script';
 import { CHECK_SCRIPT } from './scripts/check.script';
 import { LEAVE_SCRIPT } from './scripts/leave.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
@@ -80,8 +80,6 @@ function parseRecord(entry: string | undefined): StoredHold['recorded'] {
 
 const asError = (error: unknown): Error => (error instanceof Error ? error : new Error(describeError(error)));
 
-const isNoScript = (reply: unknown): boolean => reply instanceof Error && reply.message.startsWith('NOSCRIPT');
-
 const isRedirection = (reply: unknown): boolean => reply instanceof Error && /^(MOVED|ASK) /.test(reply.message);
 
 /**
@@ -108,6 +106,23 @@ function retryingTryAgain(client: Cluster): boolean {
 /** A script refused because its slot is migrating goes again after this long, doubling up to MIGRATING_RETRY_MAX_MS. */
 const MIGRATING_RETRY_MS = 50;
 const MIGRATING_RETRY_MAX_MS = 400;
+
+/**
+ * `group` cut into batches of at most MAX_RENEW_BATCH, none naming a key twice (two shared holds of
+ * one process on the same lock go in two calls): a renewal that drops a lapsed hold may delete its
+ * key, and a script that reached that key again would fail halfway while the slot migrates.
+ */
+function distinctBatches(group: readonly number[], keyOf: (index: number) => string): number[][] {
+  const batches: { indexes: number[]; keys: Set<string> }[] = [];
+  for (const index of group) {
+    const key = keyOf(index);
+    let batch = batches.find((open) => open.indexes.length < MAX_RENEW_BATCH && !open.keys.has(key));
+    if (!batch) batches.push((batch = { indexes: [], keys: new Set() }));
+    batch.indexes.push(index);
+    batch.keys.add(key);
+  }
+  return batches.map((batch) => batch.indexes);
+}
 
 /** One script call: the keys and arguments, and the indexes of the requests they serve. */
 interface ScriptCall {
@@ -496,8 +511,46 @@ export class RedisLockStore implements LockStore {
     // release), and a rejection may hide a run whose answer was lost.
     pending.then(
       (late) => Array.isArray(late) && late[0] === 1 && void this.giveBack(key, owner, leaseMs),
-      () => void this.giveBack(key, owner, leaseMs),
+      () => {
+        void this.giveBack(key, owner, leaseMs);
+        this.afterClientGivesUp(() => void this.giveBack(key, owner, leaseMs), leaseMs);
+      },
     );
+  }
+
+  /**
+   * A command the client rejected may still be sent by it: ioredis's own `commandTimeout` rejects
+   * the caller's promise but leaves the command where it waits, in the offline queue (sent once the
+   * connection is ready again) or, on a Cluster, in the queue of commands it sends again after a
+   * TRYAGAIN, MOVED, CLUSTERDOWN or a closed connection (up to `maxRedirections` times, each after
+   * its delay). Runs `then` once more after each of those could have happened: after the next
+   * 'ready' of a client that is not ready now (its queue goes first on the connection), and on a
+   * Cluster a quarter, a half and all of the longest the redirections can take, and once after.
+   * Never past `leaseMs` from now plus that span; every timer unref'd.
+   */
+  private afterClientGivesUp(then: () => void, leaseMs: number): void {
+    const later = (ms: number): void => void setTimeout(() => !this.closed && then(), ms).unref();
+    if (this.client.status !== 'ready') {
+      const ready = (): void => {
+        clearTimeout(expiry);
+        later(0);
+      };
+      const expiry = setTimeout(() => this.client.off('ready', ready), leaseMs);
+      expiry.unref();
+      this.client.once('ready', ready);
+    }
+    if (!this.cluster) return;
+    const {
+      maxRedirections = 16,
+      retryDelayOnTryAgain,
+      retryDelayOnMoved,
+      retryDelayOnClusterDown,
+      retryDelayOnFailover,
+    } = (this.client as Cluster).options;
+    const delays = [retryDelayOnTryAgain, retryDelayOnMoved, retryDelayOnClusterDown, retryDelayOnFailover];
+    const spanMs = maxRedirections * Math.max(100, ...delays.map((delay) => (typeof delay === 'number' ? delay : 0)));
+    for (const share of [0.25, 0.5, 1]) later(spanMs * share);
+    later(spanMs + 250);
   }
 
   /**
@@ -518,8 +571,7 @@ export class RedisLockStore implements LockStore {
       const node = this.cluster ? ((this.client as Cluster).slots[slot]?.[0] ?? '') : '';
       let calls = nodes.get(node);
       if (!calls) nodes.set(node, (calls = []));
-      for (let start = 0; start < group.length; start += MAX_RENEW_BATCH) {
-        const indexes = group.slice(start, start + MAX_RENEW_BATCH);
+      for (const indexes of distinctBatches(group, (i) => requests[i].key)) {
         calls.push({
           indexes,
           keys: indexes.map((i) => requests[i].key),

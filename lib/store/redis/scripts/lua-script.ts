@@ -1,6 +1,16 @@
 import { createHash } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
 
+/**
+ * Whether `reply` says the server has not loaded the script: NOSCRIPT itself, or a Cluster client
+ * giving up on a command whose last answer was NOSCRIPT (the redirections a migrating slot's
+ * TRYAGAIN used up left none for it: the new owner of the slot had not loaded the script).
+ */
+export const isNoScript = (reply: unknown): boolean =>
+  reply instanceof Error &&
+  (reply.message.startsWith('NOSCRIPT') ||
+    /^Too many Cluster redirections\. Last error: (ReplyError: )?NOSCRIPT/.test(reply.message));
+
 /** The two commands a script needs; a Redis or Cluster client qualifies. */
 export type ScriptClient = Pick<Redis | Cluster, 'evalsha' | 'eval'>;
 
@@ -23,7 +33,7 @@ export class LuaScript {
     try {
       return await client.evalsha(this.sha, keys.length, ...keys, ...args);
     } catch (error) {
-      if (!(error instanceof Error) || !error.message.startsWith('NOSCRIPT')) throw error;
+      if (!isNoScript(error)) throw error;
       return client.eval(this.source, keys.length, ...keys, ...args);
     }
   }
