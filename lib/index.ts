@@ -37,7 +37,12 @@ export {
 } from './options/dislock.options';
 export type { AcquireResult, LockStore, ReleaseResult } from './store/lock-store.interface';
 export { MemoryLockStore } from './store/memory/memory-lock.store';
-export { DisLockTestingModule, type DisLockTestingOptions } from './testing/dislock-testing.module';
+export {
+  DisLockTestingModule,
+  type DisLockOverrideOptions,
+  type DisLockTestingOptions,
+  type ProviderOverridingBuilder,
+} from './testing/dislock-testing.module';
 export { DisLockTesting, type TestHolder } from './testing/dislock-testing';
 export { dislockAclRule } from './store/redis/acl.rule';
 export * from './errors';

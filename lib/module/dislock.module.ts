@@ -1,7 +1,7 @@
 import { type DynamicModule, Logger, Module } from '@nestjs/common';
 import { guardFactoryInjection } from './async-options-guard';
 import { DisLockInterceptor } from '../decorator/dislock.interceptor';
-import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../options/dislock.internal-constants';
+import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE, DISLOCK_TESTING_MODULE } from '../options/dislock.internal-constants';
 import {
   DisLockConfigurableModule,
   DISLOCK_MODULE_OPTIONS,
@@ -19,10 +19,12 @@ import { MemoryLockStore } from '../store/memory/memory-lock.store';
 import { RedisLockStore } from '../store/redis/redis-lock.store';
 import { createRedlockStore } from '../store/redlock/redlock.store';
 import { ReplicaAck } from '../store/redis/replica-ack';
+import { refuseRedisInTest } from './testing-module-guard';
 
-function createStore(options: ResolvedModuleOptions): LockStore {
+function createStore(options: ResolvedModuleOptions, testingModule: true | undefined): LockStore {
   if (options.store === 'memory') return new MemoryLockStore();
   if (options.store) return options.store;
+  refuseRedisInTest(testingModule === true);
   const logger = new Logger('DisLock');
   if (options.redlock) return createRedlockStore(options.redlock, options, logger);
   // resolveModuleOptions guarantees `redis` whenever `redlock` is absent.
@@ -48,7 +50,11 @@ function createStore(options: ResolvedModuleOptions): LockStore {
 @Module({
   providers: [
     { provide: DISLOCK_RESOLVED_OPTIONS, useFactory: resolveModuleOptions, inject: [DISLOCK_MODULE_OPTIONS] },
-    { provide: DISLOCK_STORE, useFactory: createStore, inject: [DISLOCK_RESOLVED_OPTIONS] },
+    {
+      provide: DISLOCK_STORE,
+      useFactory: createStore,
+      inject: [DISLOCK_RESOLVED_OPTIONS, { token: DISLOCK_TESTING_MODULE, optional: true }],
+    },
     LockService,
     DisLockInterceptor,
     DisLockTelemetry,

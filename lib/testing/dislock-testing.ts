@@ -31,7 +31,9 @@ export class DisLockTesting {
   ) {
     if (!(store instanceof MemoryLockStore)) {
       throw new DisLockSetupError(
-        'DisLockTesting works on the in-memory store: import DisLockTestingModule.forRoot() (or DisLockModule.forRoot({ store: "memory" })) in the test module',
+        'DisLockTesting works on the in-memory store: import DisLockTestingModule.forRoot() (or DisLockModule.forRoot({ store: "memory" })) in the test module, ' +
+          'or, to test an AppModule that imports DisLockModule, put it on that store with ' +
+          '`DisLockTestingModule.override(Test.createTestingModule({ imports: [AppModule], providers: [DisLockTesting] }))`',
       );
     }
     this.store = store;

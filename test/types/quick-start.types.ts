@@ -2,7 +2,8 @@
  * The snippets of README's "Quick start" (steps 2, 3, 4 and 6: app.module.ts, main.ts,
  * orders.service.ts, orders.controller.ts and orders.service.spec.ts), as written there, in one
  * file: the imports between those files are dropped, and main.ts and the spec are wrapped in
- * functions so that nothing runs. `npm run typecheck` fails if one of them stops compiling.
+ * functions so that nothing runs; with the e2e expression step 6 quotes after its spec.
+ * `npm run typecheck` fails if one of them stops compiling.
  */
 import { Controller, Injectable, Module, Param, ParseIntPipe, Post } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
@@ -68,4 +69,9 @@ export function ordersServiceSpec(): void {
       await app.close();
     });
   });
+}
+
+// step 6, the e2e test of the whole AppModule (the full test is in testing.types.ts)
+export function appE2eBuilder() {
+  return DisLockTestingModule.override(Test.createTestingModule({ imports: [AppModule] }));
 }

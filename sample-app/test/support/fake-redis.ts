@@ -102,7 +102,14 @@ export class FakeRedisClient {
   }
 }
 
+/** A stand-in for `RedisService`, backed by `client`: for `.overrideProvider(RedisService).useValue(...)`. */
+export function fakeRedis(client = new FakeRedisClient()): Pick<RedisService, 'onApplicationShutdown'> & {
+  client: FakeRedisClient;
+} {
+  return { client, onApplicationShutdown: async () => undefined };
+}
+
 /** `RedisService` for a test module, backed by `client` (one per app, or one shared by several apps). */
 export function fakeRedisService(client = new FakeRedisClient()): Provider {
-  return { provide: RedisService, useValue: { client, onApplicationShutdown: async () => undefined } };
+  return { provide: RedisService, useValue: fakeRedis(client) };
 }
