@@ -671,7 +671,7 @@ export class RedisLockStore implements LockStore {
     const end = Math.min(until, performance.now() + this.operationTimeout);
     for (let delay = MIGRATING_RETRY_MS; ; delay = Math.min(delay * 2, MIGRATING_RETRY_MAX_MS)) {
       try {
-        return await script.run(this.client, keys, args);
+        return await this.runUntil(script, keys, args, until);
       } catch (error) {
         if (!isSlotMigrating(error)) throw error;
         migration.error = new SlotMigratingError(keySlot(this.clientPrefix + keys[0]), error);
@@ -679,6 +679,42 @@ export class RedisLockStore implements LockStore {
         await new Promise((resolve) => setTimeout(resolve, delay));
       }
     }
+  }
+
+  /**
+   * `script` on the Cluster client, given up at `until` if ioredis is then still holding commands
+   * back after TRYAGAIN (its own retries take up to 1.6 s, which a waiter's deadline may not
+   * have): a `SlotMigratingError`. The command may still run later; an acquisition is given back
+   * then (see `abandon`). Redis merely slow is waited for, as ever, within `operationTimeout`.
+   */
+  private runUntil(
+    script: LuaScript,
+    keys: readonly string[],
+    args: readonly (string | number)[],
+    until: number,
+  ): Promise<unknown> {
+    const run = script.run(this.client, keys, args);
+    if (!Number.isFinite(until)) return run;
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(
+        () => {
+          if (!retryingTryAgain(this.client as Cluster)) return;
+          reject(new SlotMigratingError(keySlot(this.clientPrefix + keys[0]), undefined));
+        },
+        Math.max(0, until - performance.now()),
+      );
+      timer.unref();
+      run.then(
+        (reply) => {
+          clearTimeout(timer);
+          resolve(reply);
+        },
+        (error: unknown) => {
+          clearTimeout(timer);
+          reject(error instanceof Error ? error : new Error(describeError(error)));
+        },
+      );
+    });
   }
 
   /**
