@@ -37,7 +37,8 @@ import { ReleaseEchoes } from './release-echoes';
 import type { ReplicaAck } from './replica-ack';
 import { ReleaseSubscriber } from './release-subscriber';
 import { giveBackHold } from '../give-back';
-import { SlotMigratingError, StoreTimeoutError } from '../store-errors';
+import { SlotMigratingError, StoreDisconnectedError, StoreTimeoutError } from '../store-errors';
+import { ConnectionState } from './connection-state';
 
 const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
   0: 'not-owner',
@@ -145,8 +146,8 @@ export class RedisLockStore implements LockStore {
   private sweepTimer: NodeJS.Timeout | undefined;
   /** Set by close(): operations still under way (a waiter's leave at shutdown) settle, then nothing is left. */
   private closed = false;
-  /** Why a client this store created last failed to connect, until it is ready again. */
-  private connectionError: Error | undefined;
+  /** Whether the client is known to be cut off from Redis, and why (see `whenDisconnected`). */
+  private readonly connection: ConnectionState;
   /** How many times the client's connection has closed: a command in flight across one may have run twice. */
   private connections = 0;
   private readonly countConnection = (): void => {
@@ -174,6 +175,12 @@ export class RedisLockStore implements LockStore {
     private readonly keyPrefix: string,
     /** Replica acknowledgement of each acquisition, when the module asks for it. */
     private readonly replicaAck?: ReplicaAck,
+    /**
+     * While the client is known to be cut off from Redis: `'fail'` sends nothing and fails at once
+     * (`StoreDisconnectedError`); `'wait'` lets the command wait in the client's offline queue,
+     * up to `operationTimeout`, for a reconnection.
+     */
+    private readonly whenDisconnected: 'fail' | 'wait' = 'fail',
   ) {
     slotTag(0); // build the slot table now rather than on the first acquisition
     this.echoes = new ReleaseEchoes(this.id);
@@ -182,12 +189,9 @@ export class RedisLockStore implements LockStore {
     this.clientPrefix = clientKeyPrefix(client);
     this.sharded = this.cluster ? 1 : 0;
     this.watchConnections(true);
-    if (owned) {
-      // A timed-out operation then says why (a wrong password, a bad certificate) instead of only
-      // that nothing answered. An application's own client is left without extra listeners.
-      client.on('error', (error: Error) => (this.connectionError = error));
-      client.on('ready', () => (this.connectionError = undefined));
-    }
+    // Also lets a timed-out operation say why (a wrong password, a bad certificate) instead of only
+    // that nothing answered.
+    this.connection = new ConnectionState(client, owned);
   }
 
   async acquire(key: string, owner: string, leaseMs: number, options: AcquireOptions = {}): Promise<AcquireResult> {
@@ -215,8 +219,9 @@ export class RedisLockStore implements LockStore {
       reply = await this.bounded(pending, () => migration.error);
     } catch (error) {
       // No answer in time, the client's own commandTimeout, a connection closed in flight: the
-      // script may have run, or may still run. Whatever the error, give the hold back.
-      this.abandon(key, owner, leaseMs, pending);
+      // script may have run, or may still run. Whatever the error, give the hold back; unless it
+      // was never sent (the client was known to be cut off from Redis).
+      if (!(error instanceof StoreDisconnectedError)) this.abandon(key, owner, leaseMs, pending);
       throw error;
     }
     const [taken, value, turnMs] = reply as [number, number, number?];
@@ -229,6 +234,7 @@ export class RedisLockStore implements LockStore {
   /** The replicas have the hold just taken; otherwise it is given back and the acquisition fails. */
   private async confirmed(key: string, owner: string, leaseMs: number): Promise<void> {
     try {
+      this.assertConnected();
       await this.bounded((this.replicaAck as ReplicaAck).confirm(this.client, key));
     } catch (error) {
       await this.giveBack(key, owner, leaseMs);
@@ -405,6 +411,7 @@ export class RedisLockStore implements LockStore {
     const probe = `${this.keyPrefix}#probe:health`;
     const sentAt = performance.now();
     try {
+      this.assertConnected();
       // EVAL, not EVALSHA: what runs after a restart or SCRIPT FLUSH must work too.
       await this.bounded(this.client.eval(CHECK_SCRIPT.source, 1, probe, 'health'));
       const latencyMs = performance.now() - sentAt;
@@ -430,6 +437,7 @@ export class RedisLockStore implements LockStore {
   async close(): Promise<void> {
     this.closed = true;
     this.watchConnections(false);
+    this.connection.close();
     this.reconnectListeners.clear();
     this.releases.close();
     // Operations still under way keep their deadlines: the sweep stops by itself once they settle.
@@ -562,9 +570,10 @@ export class RedisLockStore implements LockStore {
     calls: readonly ScriptCall[],
     add: (pipeline: ChainableCommander, call: ScriptCall) => void,
   ): Promise<unknown[]> {
-    const pipeline = (this.client as Cluster).pipeline();
-    for (const call of calls) add(pipeline, call);
     try {
+      this.assertConnected();
+      const pipeline = (this.client as Cluster).pipeline();
+      for (const call of calls) add(pipeline, call);
       const results = await this.bounded(pipeline.exec());
       return calls.map((_, i) => {
         const [error, reply] = results?.[i] ?? [new Error('The pipeline was not run'), undefined];
@@ -594,6 +603,7 @@ export class RedisLockStore implements LockStore {
     migration: Migration,
     until = Infinity,
   ): Promise<unknown> {
+    this.assertConnected();
     if (!this.cluster) return script.run(this.client, keys, args);
     const end = Math.min(until, performance.now() + this.operationTimeout);
     for (let delay = MIGRATING_RETRY_MS; ; delay = Math.min(delay * 2, MIGRATING_RETRY_MAX_MS)) {
@@ -655,7 +665,19 @@ export class RedisLockStore implements LockStore {
     for (const entry of this.deadlines) {
       if (entry.at > at) continue;
       this.deadlines.delete(entry);
-      entry.reject(entry.late?.() ?? new StoreTimeoutError(this.operationTimeout, this.connectionError));
+      entry.reject(entry.late?.() ?? new StoreTimeoutError(this.operationTimeout, this.connection.lastError));
     }
+  }
+
+  /**
+   * Throws `StoreDisconnectedError` when the client is known to be cut off from Redis and
+   * `whenDisconnected` is `'fail'`: what would be sent now would only wait in the client's offline
+   * queue. Called before sending, never about an operation already sent (that one keeps its
+   * `operationTimeout`, and an acquisition of unknown outcome is given back as always).
+   */
+  private assertConnected(): void {
+    if (this.whenDisconnected !== 'fail') return;
+    const down = this.connection.down;
+    if (down) throw down;
   }
 }

@@ -429,7 +429,8 @@ export function createRedlockStore(
   logger: Logger,
 ): LockStore {
   const nodes = redlock.nodes.map(
-    (node) => new RedlockNodeConnection(node, options.operationTimeout, options.keyPrefix, logger),
+    (node) =>
+      new RedlockNodeConnection(node, options.operationTimeout, options.keyPrefix, logger, options.whenDisconnected),
   );
   return new RedlockStore(nodes, redlock.driftFactor, options.keyPrefix);
 }
