@@ -424,7 +424,15 @@ export class RedisLockStore implements LockStore {
   }
 
   async verify(): Promise<void> {
-    await checkRedisAccess(this.client, this.keyPrefix, this.operationTimeout);
+    // With 'fail', the check ends (with a warning, as when Redis does not answer) as soon as the
+    // client is known to be cut off from Redis: at startup, once its first connection has failed.
+    const down = this.whenDisconnected === 'fail' ? this.connection.downSignal() : undefined;
+    try {
+      await checkRedisAccess(this.client, this.keyPrefix, this.operationTimeout, undefined, down?.signal);
+    } finally {
+      down?.stop();
+    }
+    if (this.whenDisconnected === 'fail' && this.connection.down) return; // INFO would only wait
     for (const warning of await evictionWarnings(this.client, (operation) => this.bounded(operation))) {
       new Logger('DisLock').warn(warning);
     }
