@@ -39,6 +39,7 @@ import { ReleaseSubscriber } from './release-subscriber';
 import { giveBackHold } from '../give-back';
 import { SlotMigratingError, StoreDisconnectedError, StoreTimeoutError } from '../store-errors';
 import { ConnectionState } from './connection-state';
+import { healthProblem } from './connection-problem';
 
 const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
   0: 'not-owner',
@@ -415,11 +416,13 @@ export class RedisLockStore implements LockStore {
       // EVAL, not EVALSHA: what runs after a restart or SCRIPT FLUSH must work too.
       await this.bounded(this.client.eval(CHECK_SCRIPT.source, 1, probe, 'health'));
       const latencyMs = performance.now() - sentAt;
-      const warnings = await evictionWarnings(this.client, (operation) => this.bounded(operation));
+      // Without the servers' addresses: a health check's body may reach any HTTP client.
+      const warnings = await evictionWarnings(this.client, (operation) => this.bounded(operation), false);
       return warnings.length > 0 ? { up: true, latencyMs, warnings } : { up: true, latencyMs };
     } catch (error) {
+      // What may reach an HTTP client says what failed, never the server's address or a password.
       const refused = refusal(error, this.clientPrefix + probe, this.clientPrefix + probe);
-      return { up: false, problem: refused ? `Redis refuses ${refused}` : describeError(error) };
+      return { up: false, problem: refused ? `Redis refuses ${refused}` : healthProblem(error) };
     }
   }
 
