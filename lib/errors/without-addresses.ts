@@ -1,7 +1,7 @@
 /** `scheme://anything` up to a space: a URL, which may hold a user and password. */
 const URL_PATTERN = /\b[a-z][a-z0-9+.-]*:\/\/[^\s,;)'"]+/gi;
 /** `[v6]:port`, or a bare IPv6 address of at least three groups. */
-const IPV6_PATTERN = /\[[0-9a-f:.%]+\](:\d+)?|\b(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}\b/gi;
+const IPV6_PATTERN = /\[[0-9a-f:.%]+\](:\d+)?|(?<![\w:.])(?:[0-9a-f]{0,4}:){2,8}[0-9a-f]{0,4}(?![\w:])/gi;
 /** `a.b.c.d`, with a port or not. */
 const IPV4_PATTERN = /\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b/g;
 /** `host:port`, `host.domain:port`. */
