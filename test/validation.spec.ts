@@ -328,6 +328,8 @@ describe('DisLockModule.forRoot validates synchronously', () => {
     ['lockWatchdogTimeout: 0', { redis: 'redis://localhost:6379', lockWatchdogTimeout: 0 }, 'lockWatchdogTimeout'],
     ['maxRenewTimes: 1.5', { redis: 'redis://localhost:6379', maxRenewTimes: 1.5 }, 'maxRenewTimes'],
     ['waitTime: -1', { redis: 'redis://localhost:6379', waitTime: -1 }, 'waitTime'],
+    ['whenDisconnected: "queue"', { redis: 'redis://localhost:6379', whenDisconnected: 'queue' }, 'whenDisconnected'],
+    ['whenDisconnected: true', { redis: 'redis://localhost:6379', whenDisconnected: true }, 'whenDisconnected'],
   ];
 
   it.each(cases)('throws on %s', (_label, options, option) => {
@@ -349,6 +351,19 @@ describe('DisLockModule.forRoot validates synchronously', () => {
         isGlobal: false,
       }),
     ).toBeUndefined();
+    for (const whenDisconnected of ['fail', 'wait']) {
+      expect(forRoot({ redis: 'redis://127.0.0.1:1', whenDisconnected })).toBeUndefined();
+    }
+  });
+
+  it('says what whenDisconnected takes', () => {
+    const error = expectInvalid(
+      forRoot({ redis: 'redis://127.0.0.1:1', whenDisconnected: 'queue' }),
+      'whenDisconnected',
+    );
+    expect(error.message).toBe(
+      'DisLockModule: option "whenDisconnected" must be "fail" (fail at once while Redis is known unreachable, the default) or "wait" (wait up to operationTimeout for a reconnection), got "queue"',
+    );
   });
 
   it('forRootAsync validates the factory result when the app starts', async () => {

@@ -1,4 +1,5 @@
 import { Injectable } from '@nestjs/common';
+import { withoutAddresses } from '../errors/without-addresses';
 import { LockService } from '../service/lock.service';
 
 /** What the health indicator reports under its key (the shape `@nestjs/terminus` reads). */
@@ -10,7 +11,7 @@ export interface DisLockHealth {
   readonly renewalLagMs: number;
   /** Locks this application holds now. */
   readonly heldLocks: number;
-  /** Why it is down. */
+  /** Why it is down: what failed and why (`Redis is unreachable (connection refused)`), never an address or a password. */
   readonly message?: string;
   /** What endangers locks although Redis answers (an eviction policy that may evict them); the status stays up. */
   readonly warnings?: readonly string[];
@@ -44,7 +45,8 @@ export class DisLockHealthIndicator {
     const maxLag = options.maxRenewalLagMs ?? 1_000;
     const { store, renewalLagMs, heldLocks } = await this.locks.health();
     const problems: string[] = [];
-    if (!store.up) problems.push(store.problem);
+    // The body may reach any HTTP client: a store of the application's own may name an address.
+    if (!store.up) problems.push(withoutAddresses(store.problem));
     if (renewalLagMs > maxLag) {
       problems.push(`lock renewals run ${Math.round(renewalLagMs)} ms late (more than ${maxLag} ms)`);
     }
@@ -55,7 +57,7 @@ export class DisLockHealthIndicator {
         renewalLagMs: Math.round(renewalLagMs),
         heldLocks,
         ...(problems.length > 0 && { message: problems.join('; ') }),
-        ...(store.up && store.warnings && { warnings: store.warnings }),
+        ...(store.up && store.warnings && { warnings: store.warnings.map(withoutAddresses) }),
       },
     };
   }

@@ -30,7 +30,14 @@ function createStore(options: ResolvedModuleOptions, testingModule: true | undef
   // resolveModuleOptions guarantees `redis` whenever `redlock` is absent.
   const { client, owned } = connectRedis(options.redis as RedisConnection, logger);
   const replicaAck = options.replicas && new ReplicaAck(options.replicas, logger);
-  return new RedisLockStore(client, owned, options.operationTimeout, options.keyPrefix, replicaAck);
+  return new RedisLockStore(
+    client,
+    owned,
+    options.operationTimeout,
+    options.keyPrefix,
+    replicaAck,
+    options.whenDisconnected,
+  );
 }
 
 /**

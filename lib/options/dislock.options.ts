@@ -163,6 +163,15 @@ export interface DisLockModuleOptions {
    */
   operationTimeout?: number;
   /**
+   * What a lock operation does while the Redis client is known to be cut off (not connected, and a
+   * connection attempt has failed since it last was: a refused connection, a wrong password, every
+   * Cluster node unreachable). `'fail'` (default): it fails at once with `RedisUnavailableError`
+   * ("Redis is unreachable"), sending nothing; shutdown and the startup check do not wait either.
+   * `'wait'`: it waits in the client's offline queue for a reconnection, up to `operationTimeout`.
+   * An operation already sent when the connection drops waits for its answer either way.
+   */
+  whenDisconnected?: 'fail' | 'wait';
+  /**
    * Called whenever a lock of this module is lost while held: a renewal or release found it gone
    * or taken, its lease ran out (Redis unreachable, fixed `expire`, `maxRenewTimes`), or the
    * application shut down. Default: a warning through Nest's `Logger`.
@@ -194,6 +203,7 @@ export interface ResolvedModuleOptions {
   readonly maxRenewTimes: number;
   readonly waitTime: number;
   readonly operationTimeout: number;
+  readonly whenDisconnected: 'fail' | 'wait';
   readonly onLockLost: LockLostHandler | undefined;
   readonly telemetry: { readonly enabled: boolean; readonly lockNames: boolean };
   readonly appName: string | undefined;
@@ -260,6 +270,7 @@ export const DEFAULT_MODULE_OPTIONS = {
   maxRenewTimes: 360,
   waitTime: 0,
   operationTimeout: 5_000,
+  whenDisconnected: 'fail',
 } as const satisfies Omit<
   ResolvedModuleOptions,
   'redis' | 'redlock' | 'replicas' | 'onLockLost' | 'store' | 'telemetry' | 'appName'

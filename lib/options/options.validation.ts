@@ -40,6 +40,7 @@ const MODULE_FIELDS: ReadonlySet<string> = new Set([
   'maxRenewTimes',
   'waitTime',
   'operationTimeout',
+  'whenDisconnected',
   'onLockLost',
   'telemetry',
   'appName',
@@ -367,6 +368,15 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
     input.operationTimeout === undefined
       ? DEFAULT_MODULE_OPTIONS.operationTimeout
       : positiveMs(where, 'operationTimeout', input.operationTimeout);
+  const whenDisconnected = input.whenDisconnected ?? DEFAULT_MODULE_OPTIONS.whenDisconnected;
+  if (whenDisconnected !== 'fail' && whenDisconnected !== 'wait') {
+    fail(
+      where,
+      'whenDisconnected',
+      whenDisconnected,
+      '"fail" (fail at once while Redis is known unreachable, the default) or "wait" (wait up to operationTimeout for a reconnection)',
+    );
+  }
   if (replicas && replicas.timeout >= operationTimeout) {
     throw new InvalidLockOptionsError(
       'replicas',
@@ -383,6 +393,7 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
     maxRenewTimes: timing.maxRenewTimes ?? DEFAULT_MODULE_OPTIONS.maxRenewTimes,
     waitTime: timing.waitTime ?? DEFAULT_MODULE_OPTIONS.waitTime,
     operationTimeout,
+    whenDisconnected,
     onLockLost: timing.onLockLost,
     telemetry: checkTelemetry(where, input.telemetry),
     appName: checkAppName(where, input.appName),

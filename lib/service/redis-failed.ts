@@ -4,7 +4,12 @@ import {
   RedlockQuorumError,
   ReplicationNotConfirmedError,
 } from '../errors';
-import { ReplicaShortfallError, SlotMigratingError, StoreTimeoutError } from '../store/store-errors';
+import {
+  ReplicaShortfallError,
+  SlotMigratingError,
+  StoreDisconnectedError,
+  StoreTimeoutError,
+} from '../store/store-errors';
 
 /**
  * A store failure as the caller sees it. The message may reach an HTTP client (Nest 11's default
@@ -30,8 +35,10 @@ export function redisFailed(
   const why =
     error instanceof StoreTimeoutError
       ? `Redis did not answer within ${error.timeoutMs} ms`
-      : error instanceof SlotMigratingError
-        ? 'its Redis Cluster hash slot was migrating to another master for as long as the call could wait (Redis answered TRYAGAIN)'
-        : 'Redis is unavailable';
+      : error instanceof StoreDisconnectedError
+        ? 'Redis is unreachable; nothing was sent'
+        : error instanceof SlotMigratingError
+          ? 'its Redis Cluster hash slot was migrating to another master for as long as the call could wait (Redis answered TRYAGAIN)'
+          : 'Redis is unavailable';
   return new RedisUnavailableError(operation, name, `Could not ${operation} lock "${name}": ${why}`, { cause: error });
 }

@@ -12,13 +12,28 @@ export class StoreTimeoutError extends Error {
   constructor(
     /** The `operationTimeout` that ran out, in ms. */
     readonly timeoutMs: number,
-    connectionError?: Error,
+    /** The connection error last seen, if the connection is down. */
+    readonly connectionError?: Error,
   ) {
     super(
       `Redis did not answer within ${timeoutMs} ms` +
         (connectionError ? ` (the connection is down: ${connectionError.message})` : ''),
     );
     this.name = 'StoreTimeoutError';
+  }
+}
+
+/**
+ * The operation was not sent: the client is known to be cut off from Redis (not connected, and a
+ * connection attempt has failed since it last was), and the module's `whenDisconnected` is
+ * `'fail'`. Nothing ran, so there is nothing to give back. `cause` is the connection error (it may
+ * name the server's address: for logs only); `LockService` turns this into a
+ * `RedisUnavailableError` that says Redis is unreachable.
+ */
+export class StoreDisconnectedError extends Error {
+  constructor(cause: Error) {
+    super(`Redis is unreachable, the operation was not sent: ${cause.message}`, { cause });
+    this.name = 'StoreDisconnectedError';
   }
 }
 

@@ -105,13 +105,16 @@ export class RedisServer {
     await waitUntil(() => ping(this.port, this.password), 10_000, `redis-server on port ${this.port}`);
   }
 
-  /** Kill the server (SIGKILL) and wait until its port is closed. */
-  async stop(): Promise<void> {
+  /**
+   * Kill the server (SIGKILL) and wait until its port is closed. A paused server is resumed first,
+   * unless `asPaused`: then it dies without answering what it had received meanwhile.
+   */
+  async stop(options: { asPaused?: boolean } = {}): Promise<void> {
     const child = this.process;
     this.process = undefined;
     if (!child || child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-    child.kill('SIGCONT');
+    if (!options.asPaused) child.kill('SIGCONT');
     child.kill('SIGKILL');
     await exited;
   }

@@ -18,6 +18,8 @@ import type { RedisClient } from './redis-client';
  * - Redis is unreachable, slow, or answers another error (a wrong password, LOADING, OOM, a read-only
  *   replica): logs a warning through `logger` and resolves. The whole check, cleanup included,
  *   takes at most `operationTimeout`; a cleanup still pending then is left to run in the background.
+ *   `unreachable` ends it sooner, the same way: aborted once the client is known to be cut off from
+ *   Redis (with the reason), it ends every step still waiting at once.
  *
  * Never resolves or rejects with anything carrying the client's password.
  */
@@ -26,8 +28,9 @@ export async function checkRedisAccess(
   keyPrefix: string,
   operationTimeout: number,
   logger: Pick<Logger, 'warn'> = new Logger('DisLock'),
+  unreachable?: AbortSignal,
 ): Promise<void> {
-  const probe = new AccessProbe(client, keyPrefix, operationTimeout);
+  const probe = new AccessProbe(client, keyPrefix, operationTimeout, unreachable);
   try {
     await probe.run();
   } catch (error) {

@@ -42,6 +42,8 @@ export class AccessProbe {
     private readonly client: RedisClient,
     private readonly keyPrefix: string,
     private readonly operationTimeout: number,
+    /** Aborted (with the reason) once the client is known to be cut off from Redis: every step then fails at once. */
+    private readonly unreachable?: AbortSignal,
   ) {
     this.deadline = performance.now() + operationTimeout;
     // A `{` in the prefix opens its own hash tag, which then decides the slot of both keys.
@@ -87,6 +89,7 @@ export class AccessProbe {
   }
 
   private async steps(): Promise<void> {
+    if (this.unreachable?.aborted) throw this.unreachable.reason as Error; // send nothing to wait in the offline queue
     // DEL first, on nothing: nothing is made until it is known that it can be deleted again.
     await this.bounded(this.client.del(this.key, this.fence, ...this.line));
     this.delProven = true;
@@ -321,11 +324,17 @@ export class AccessProbe {
     const settled = (): void => void this.inFlight.delete(operation);
     operation.then(settled, settled);
     const remaining = this.remaining();
-    if (remaining <= 0) {
+    const unreachable = this.unreachable;
+    if (remaining <= 0 || unreachable?.aborted) {
       operation.catch(() => undefined);
-      return Promise.reject(new CheckTimeout(`Redis did not answer within ${this.operationTimeout} ms`));
+      return Promise.reject(
+        unreachable?.aborted
+          ? (unreachable.reason as Error)
+          : new CheckTimeout(`Redis did not answer within ${this.operationTimeout} ms`),
+      );
     }
     let timer: NodeJS.Timeout | undefined;
+    let stop: (() => void) | undefined;
     return Promise.race([
       operation,
       new Promise<never>((_, reject) => {
@@ -333,8 +342,16 @@ export class AccessProbe {
           () => reject(new CheckTimeout(`Redis did not answer within ${this.operationTimeout} ms`)),
           Math.ceil(remaining),
         );
+        if (unreachable) {
+          const abort = (): void => reject(unreachable.reason as Error);
+          unreachable.addEventListener('abort', abort, { once: true });
+          stop = () => unreachable.removeEventListener('abort', abort);
+        }
       }),
-    ]).finally(() => clearTimeout(timer));
+    ]).finally(() => {
+      clearTimeout(timer);
+      stop?.();
+    });
   }
 }
 

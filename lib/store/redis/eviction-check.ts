@@ -32,13 +32,17 @@ export function evictionSettingOf(node: string, info: string): EvictionSetting {
  * is set and the policy is anything but `noeviction`. Then a second process can take a lock its
  * holder still runs under, and a holder with a fixed lease learns it only at its next check.
  * `bounded` limits each `INFO` to the store's `operationTimeout`; a server that does not answer is
- * skipped.
+ * skipped. `named`: each warning names its server's address (for logs); otherwise it does not
+ * (for a health check's body, which may reach any HTTP client).
  */
 export async function evictionWarnings(
   client: RedisClient,
   bounded: <T>(operation: Promise<T>) => Promise<T>,
+  named = true,
 ): Promise<string[]> {
   const servers: Redis[] = isClusterClient(client) ? client.nodes('master') : [client];
+  const subject = (setting: EvictionSetting): string =>
+    named ? `Redis ${setting.node}` : isClusterClient(client) ? 'A Redis Cluster master' : 'Redis';
   const settings = await Promise.all(
     servers.map(async (server) => {
       try {
@@ -52,7 +56,7 @@ export async function evictionWarnings(
   return settings.flatMap((setting) =>
     setting && setting.maxmemory > 0 && setting.policy !== 'noeviction'
       ? [
-          `Redis ${setting.node} has maxmemory ${setting.maxmemory} bytes with maxmemory-policy ${setting.policy}: ` +
+          `${subject(setting)} has maxmemory ${setting.maxmemory} bytes with maxmemory-policy ${setting.policy}: ` +
             `${whatItDoes(setting.policy)}, and another process then takes such a lock while its holder still runs. ` +
             `Use maxmemory-policy noeviction on the Redis that holds locks.`,
         ]

@@ -37,7 +37,9 @@ import { ReleaseEchoes } from './release-echoes';
 import type { ReplicaAck } from './replica-ack';
 import { ReleaseSubscriber } from './release-subscriber';
 import { giveBackHold } from '../give-back';
-import { SlotMigratingError, StoreTimeoutError } from '../store-errors';
+import { SlotMigratingError, StoreDisconnectedError, StoreTimeoutError } from '../store-errors';
+import { ConnectionState } from './connection-state';
+import { healthProblem } from './connection-problem';
 
 const RELEASE_RESULTS: Readonly<Record<number, ReleaseResult>> = {
   0: 'not-owner',
@@ -172,8 +174,8 @@ export class RedisLockStore implements LockStore {
   private sweepTimer: NodeJS.Timeout | undefined;
   /** Set by close(): operations still under way (a waiter's leave at shutdown) settle, then nothing is left. */
   private closed = false;
-  /** Why a client this store created last failed to connect, until it is ready again. */
-  private connectionError: Error | undefined;
+  /** Whether the client is known to be cut off from Redis, and why (see `whenDisconnected`). */
+  private readonly connection: ConnectionState;
   /** How many times the client's connection has closed: a command in flight across one may have run twice. */
   private connections = 0;
   private readonly countConnection = (): void => {
@@ -201,6 +203,12 @@ export class RedisLockStore implements LockStore {
     private readonly keyPrefix: string,
     /** Replica acknowledgement of each acquisition, when the module asks for it. */
     private readonly replicaAck?: ReplicaAck,
+    /**
+     * While the client is known to be cut off from Redis: `'fail'` sends nothing and fails at once
+     * (`StoreDisconnectedError`); `'wait'` lets the command wait in the client's offline queue,
+     * up to `operationTimeout`, for a reconnection.
+     */
+    private readonly whenDisconnected: 'fail' | 'wait' = 'fail',
   ) {
     slotTag(0); // build the slot table now rather than on the first acquisition
     this.echoes = new ReleaseEchoes(this.id);
@@ -209,12 +217,9 @@ export class RedisLockStore implements LockStore {
     this.clientPrefix = clientKeyPrefix(client);
     this.sharded = this.cluster ? 1 : 0;
     this.watchConnections(true);
-    if (owned) {
-      // A timed-out operation then says why (a wrong password, a bad certificate) instead of only
-      // that nothing answered. An application's own client is left without extra listeners.
-      client.on('error', (error: Error) => (this.connectionError = error));
-      client.on('ready', () => (this.connectionError = undefined));
-    }
+    // Also lets a timed-out operation say why (a wrong password, a bad certificate) instead of only
+    // that nothing answered.
+    this.connection = new ConnectionState(client, owned);
   }
 
   async acquire(key: string, owner: string, leaseMs: number, options: AcquireOptions = {}): Promise<AcquireResult> {
@@ -242,8 +247,9 @@ export class RedisLockStore implements LockStore {
       reply = await this.bounded(pending, () => this.migrating(migration, key));
     } catch (error) {
       // No answer in time, the client's own commandTimeout, a connection closed in flight: the
-      // script may have run, or may still run. Whatever the error, give the hold back.
-      this.abandon(key, owner, leaseMs, pending);
+      // script may have run, or may still run. Whatever the error, give the hold back; unless it
+      // was never sent (the client was known to be cut off from Redis).
+      if (!(error instanceof StoreDisconnectedError)) this.abandon(key, owner, leaseMs, pending);
       throw error;
     }
     const [taken, value, turnMs] = reply as [number, number, number?];
@@ -256,6 +262,7 @@ export class RedisLockStore implements LockStore {
   /** The replicas have the hold just taken; otherwise it is given back and the acquisition fails. */
   private async confirmed(key: string, owner: string, leaseMs: number): Promise<void> {
     try {
+      this.assertConnected();
       await this.bounded((this.replicaAck as ReplicaAck).confirm(this.client, key));
     } catch (error) {
       await this.giveBack(key, owner, leaseMs);
@@ -432,19 +439,30 @@ export class RedisLockStore implements LockStore {
     const probe = `${this.keyPrefix}#probe:health`;
     const sentAt = performance.now();
     try {
+      this.assertConnected();
       // EVAL, not EVALSHA: what runs after a restart or SCRIPT FLUSH must work too.
       await this.bounded(this.client.eval(CHECK_SCRIPT.source, 1, probe, 'health'));
       const latencyMs = performance.now() - sentAt;
-      const warnings = await evictionWarnings(this.client, (operation) => this.bounded(operation));
+      // Without the servers' addresses: a health check's body may reach any HTTP client.
+      const warnings = await evictionWarnings(this.client, (operation) => this.bounded(operation), false);
       return warnings.length > 0 ? { up: true, latencyMs, warnings } : { up: true, latencyMs };
     } catch (error) {
+      // What may reach an HTTP client says what failed, never the server's address or a password.
       const refused = refusal(error, this.clientPrefix + probe, this.clientPrefix + probe);
-      return { up: false, problem: refused ? `Redis refuses ${refused}` : describeError(error) };
+      return { up: false, problem: refused ? `Redis refuses ${refused}` : healthProblem(error) };
     }
   }
 
   async verify(): Promise<void> {
-    await checkRedisAccess(this.client, this.keyPrefix, this.operationTimeout);
+    // With 'fail', the check ends (with a warning, as when Redis does not answer) as soon as the
+    // client is known to be cut off from Redis: at startup, once its first connection has failed.
+    const down = this.whenDisconnected === 'fail' ? this.connection.downSignal() : undefined;
+    try {
+      await checkRedisAccess(this.client, this.keyPrefix, this.operationTimeout, undefined, down?.signal);
+    } finally {
+      down?.stop();
+    }
+    if (this.whenDisconnected === 'fail' && this.connection.down) return; // INFO would only wait
     for (const warning of await evictionWarnings(this.client, (operation) => this.bounded(operation))) {
       new Logger('DisLock').warn(warning);
     }
@@ -457,6 +475,7 @@ export class RedisLockStore implements LockStore {
   async close(): Promise<void> {
     this.closed = true;
     this.watchConnections(false);
+    this.connection.close();
     this.reconnectListeners.clear();
     this.releases.close();
     // Operations still under way keep their deadlines: the sweep stops by itself once they settle.
@@ -626,9 +645,10 @@ export class RedisLockStore implements LockStore {
     calls: readonly ScriptCall[],
     add: (pipeline: ChainableCommander, call: ScriptCall) => void,
   ): Promise<unknown[]> {
-    const pipeline = (this.client as Cluster).pipeline();
-    for (const call of calls) add(pipeline, call);
     try {
+      this.assertConnected();
+      const pipeline = (this.client as Cluster).pipeline();
+      for (const call of calls) add(pipeline, call);
       const results = await this.bounded(pipeline.exec());
       return calls.map((_, i) => {
         const [error, reply] = results?.[i] ?? [new Error('The pipeline was not run'), undefined];
@@ -667,6 +687,7 @@ export class RedisLockStore implements LockStore {
     migration: Migration,
     until = Infinity,
   ): Promise<unknown> {
+    this.assertConnected();
     if (!this.cluster) return script.run(this.client, keys, args);
     const end = Math.min(until, performance.now() + this.operationTimeout);
     for (let delay = MIGRATING_RETRY_MS; ; delay = Math.min(delay * 2, MIGRATING_RETRY_MAX_MS)) {
@@ -764,7 +785,19 @@ export class RedisLockStore implements LockStore {
     for (const entry of this.deadlines) {
       if (entry.at > at) continue;
       this.deadlines.delete(entry);
-      entry.reject(entry.late?.() ?? new StoreTimeoutError(this.operationTimeout, this.connectionError));
+      entry.reject(entry.late?.() ?? new StoreTimeoutError(this.operationTimeout, this.connection.lastError));
     }
+  }
+
+  /**
+   * Throws `StoreDisconnectedError` when the client is known to be cut off from Redis and
+   * `whenDisconnected` is `'fail'`: what would be sent now would only wait in the client's offline
+   * queue. Called before sending, never about an operation already sent (that one keeps its
+   * `operationTimeout`, and an acquisition of unknown outcome is given back as always).
+   */
+  private assertConnected(): void {
+    if (this.whenDisconnected !== 'fail') return;
+    const down = this.connection.down;
+    if (down) throw down;
   }
 }

@@ -38,12 +38,18 @@ export class RedlockNodeConnection {
   };
   private readonly onReady = (): void => void (this.downError = undefined);
 
-  constructor(node: RedlockNodeOption, operationTimeout: number, keyPrefix: string, logger: Logger) {
+  constructor(
+    node: RedlockNodeOption,
+    operationTimeout: number,
+    keyPrefix: string,
+    logger: Logger,
+    whenDisconnected: 'fail' | 'wait' = 'fail',
+  ) {
     const { client, owned } = connectRedis(node, logger);
     // checkRedlock refuses a Cluster for a node: every node is a plain Redis client.
     this.client = client as Redis;
     this.label = nodeLabel(this.client);
-    this.store = new RedisLockStore(client, owned, operationTimeout, keyPrefix);
+    this.store = new RedisLockStore(client, owned, operationTimeout, keyPrefix, undefined, whenDisconnected);
     this.client.on('error', this.onError);
     this.client.on('ready', this.onReady);
   }

@@ -306,7 +306,8 @@ export class RedlockStore implements LockStore {
     const results = await Promise.all(this.nodes.map((node) => node.store.health()));
     const up = results.flatMap((result) => (result.up ? [result.latencyMs] : [])).sort((x, y) => x - y);
     if (up.length >= this.quorum) return { up: true, latencyMs: up[this.quorum - 1] };
-    const problems = results.flatMap((result, i) => (result.up ? [] : [`${this.nodes[i].label}: ${result.problem}`]));
+    // Nodes by their place in `redlock.nodes`, not their address: a health check's body may reach any HTTP client.
+    const problems = results.flatMap((result, i) => (result.up ? [] : [`node ${i + 1}: ${result.problem}`]));
     return {
       up: false,
       problem: `${up.length} of ${this.nodes.length} nodes answer, ${this.quorum} needed (${problems.join('; ')})`,
@@ -429,7 +430,8 @@ export function createRedlockStore(
   logger: Logger,
 ): LockStore {
   const nodes = redlock.nodes.map(
-    (node) => new RedlockNodeConnection(node, options.operationTimeout, options.keyPrefix, logger),
+    (node) =>
+      new RedlockNodeConnection(node, options.operationTimeout, options.keyPrefix, logger, options.whenDisconnected),
   );
   return new RedlockStore(nodes, redlock.driftFactor, options.keyPrefix);
 }
