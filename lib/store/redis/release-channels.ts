@@ -207,8 +207,11 @@ export class ShardedChannels implements ReleaseChannels {
   private open(nodeKey: string): NodeSubscriber {
     const [host, port] = splitNodeKey(nodeKey);
     // The Cluster's own node connections leave reconnecting to the Cluster (no retryStrategy);
-    // this one reconnects by itself, until the slot map moves its channels elsewhere.
-    const override = { ...SUBSCRIBER_OPTIONS, host, port };
+    // this one reconnects by itself, until the slot map moves its channels elsewhere. It does not
+    // re-subscribe by itself (`resubscribed` does, slot by slot, each answer checked): ioredis would
+    // send SSUBSCRIBE for every channel it had, unawaited, and one whose slot moved meanwhile is
+    // answered MOVED, an unhandled rejection in the application (seen in the randomized history).
+    const override = { ...SUBSCRIBER_OPTIONS, autoResubscribe: false, host, port };
     const template =
       this.cluster.nodes().find((known) => `${known.options.host}:${known.options.port}` === nodeKey) ??
       this.cluster.nodes()[0];
