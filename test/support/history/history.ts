@@ -1125,6 +1125,15 @@ function checkWakeUps(
         .filter((h) => h.name === release.name && h.start > r)
         .reduce<Judged | undefined>((first, h) => (first && first.start <= h.start ? first : h), undefined);
       const kind = wait.mode === 'permit' ? `a permit of ${wait.permits}` : wait.mode;
+      // For whoever reads a failing run: who else waited for the name then, and which event loops
+      // stood still between the release and the waiter's turn.
+      const alongside = waits
+        .filter((w) => w !== wait && w.name === wait.name && w.from < wait.until && w.until > r - WAKE_MARGIN_MS)
+        .map((w) => `worker ${w.worker} ${w.mode} ${fmt(w.from - r)}..${fmt(w.until - r)}`);
+      const standstills = workers
+        .map((w) => [w, stalled(w, r - WAKE_MARGIN_MS, wait.until)] as const)
+        .filter(([, ms]) => ms > 0)
+        .map(([w, ms]) => `worker ${w} ${fmt(ms)} ms`);
       violations.push({
         rule: 'lost-wake-up',
         text:
@@ -1132,7 +1141,9 @@ function checkWakeUps(
           (remaining.size > 0 ? ` (${remaining.size} other shared holders still in)` : '') +
           `; worker ${wait.worker}, waiting (${kind}) since ${fmt(wait.from)}, was still waiting ${fmt(late)} ms ` +
           `later (${fmt(excused)} ms of it stalled) and nobody took it` +
-          (next ? ` (the next hold: ${describe(next)} at ${fmt(next.start)})` : ''),
+          (next ? ` (the next hold: ${describe(next)} at ${fmt(next.start)})` : '') +
+          `; others waiting for it, in ms from the release: ${alongside.join(', ') || 'none'}` +
+          `; event loops stood still meanwhile: ${standstills.join(', ') || 'none'}`,
       });
     }
   }
