@@ -62,7 +62,7 @@ export type LockEventListener<T extends LockEventType = LockEventType> = (event:
  */
 export class LockEvents {
   private readonly listeners = new Map<LockEventType, Set<LockEventListener>>();
-  private readonly heldListeners = new Set<(delta: number) => void>();
+  private readonly heldListeners = new Set<(delta: number, lock: LockEventSubject) => void>();
 
   constructor(private readonly logger: Logger) {}
 
@@ -87,14 +87,14 @@ export class LockEvents {
    * @internal Follow how many locks the application holds (+1 taken, -1 no longer kept: released,
    * lost, left to expire), for the held-locks metric; not one of the public events.
    */
-  onHeldChange(listener: (delta: number) => void): () => void {
+  onHeldChange(listener: (delta: number, lock: LockEventSubject) => void): () => void {
     this.heldListeners.add(listener);
     return () => void this.heldListeners.delete(listener);
   }
 
   /** @internal See `onHeldChange`. */
-  heldChanged(delta: number): void {
-    for (const listener of this.heldListeners) listener(delta);
+  heldChanged(delta: number, lock: LockEventSubject): void {
+    for (const listener of this.heldListeners) listener(delta, lock);
   }
 
   emit<T extends LockEventType>(type: T, base: LockEventSubject, payload: LockEventPayloads[T]): void {

@@ -8,6 +8,15 @@ import { LockService } from '../service/lock.service';
 
 type Api = typeof OpenTelemetry;
 
+/**
+ * Bucket boundaries of the duration histograms, in seconds: 0.1 ms (an uncontended lock on a near
+ * Redis) up to 5 minutes, about 2.5x apart. Without them an SDK's default buckets (0 to 10,000, made
+ * for milliseconds) would put every acquisition in the first.
+ */
+const DURATION_BUCKETS_S = [
+  0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+];
+
 /** The instrumentation scope every meter and tracer of the library is named after. */
 export const INSTRUMENTATION_SCOPE = 'nestjs-dislock';
 
@@ -39,9 +48,13 @@ export interface MethodSpan {
  * - `dislock.wait.duration` (histogram, s): the same, for acquisitions that had to wait;
  * - `dislock.acquisitions` (counter): by `dislock.outcome`;
  * - `dislock.locks.held` (up-down counter): locks held now, by every application of the process;
+ * - `dislock.locks.given_up` (counter): locks given up because the application shut down while
+ *   holding them (not losses: the work they protected was being stopped anyway);
  * - `dislock.renewals` (counter): by `dislock.outcome` (`renewed` | `failed`);
  * - `dislock.renewal.lag` (histogram, s): how late each renewal went out;
- * - `dislock.losses` (counter): by `dislock.lost.reason`.
+ * - `dislock.losses` (counter): by `dislock.lost.reason` (never `shutdown`: see above).
+ * The durations are in seconds with bucket boundaries advised from 0.1 ms to 5 minutes (or the
+ * module's default `waitTime`, when longer), so that a p99 near `waitTime` can be told apart.
  * Every one carries `dislock.lock` (the lock's label: a `@DisLock` key template, never the
  * resolved name unless `telemetry: { lockNames: true }`) and `dislock.lock.kind`.
  *
@@ -128,7 +141,11 @@ export class DisLockTelemetry implements OnModuleInit, OnApplicationShutdown {
 
   /** The metrics, on a meter of a registered SDK. */
   private measure(meter: OpenTelemetry.Meter): void {
-    const seconds = { unit: 's' };
+    const longest = Math.max(300, this.options.waitTime / 1_000);
+    const seconds = {
+      unit: 's',
+      advice: { explicitBucketBoundaries: [...DURATION_BUCKETS_S.filter((s) => s < longest), longest] },
+    };
     const acquireDuration = meter.createHistogram('dislock.acquire.duration', {
       ...seconds,
       description: 'Time to take a lock (or to give up on a busy one)',
@@ -144,6 +161,9 @@ export class DisLockTelemetry implements OnModuleInit, OnApplicationShutdown {
       description: 'How late each renewal went out after it was due',
     });
     const losses = meter.createCounter('dislock.losses', { description: 'Locks lost while held, by reason' });
+    const givenUp = meter.createCounter('dislock.locks.given_up', {
+      description: 'Locks given up because the application shut down while holding them',
+    });
     // An up-down counter rather than a gauge: the applications of one process add up, never overwrite each other.
     const held = meter.createUpDownCounter('dislock.locks.held', { description: 'Locks held (kept) now' });
     const acquisition = (event: LockEvent<'acquired'> | LockEvent<'busy'>): void => {
@@ -155,7 +175,7 @@ export class DisLockTelemetry implements OnModuleInit, OnApplicationShutdown {
       acquisitions.add(1, attributes);
     };
     this.stops.push(
-      this.locks.onHeldChange((delta) => held.add(delta)),
+      this.locks.onHeldChange((delta, lock) => held.add(delta, this.attributes(lock))),
       this.locks.on('acquired', acquisition),
       this.locks.on('busy', acquisition),
       this.locks.on('renewed', (event) => {
@@ -167,7 +187,8 @@ export class DisLockTelemetry implements OnModuleInit, OnApplicationShutdown {
         renewals.add(1, { ...this.attributes(event), 'dislock.outcome': 'failed' });
       }),
       this.locks.on('lost', (event) => {
-        losses.add(1, { ...this.attributes(event), 'dislock.lost.reason': event.reason });
+        if (event.reason === 'shutdown') givenUp.add(1, this.attributes(event));
+        else losses.add(1, { ...this.attributes(event), 'dislock.lost.reason': event.reason });
       }),
     );
   }

@@ -12,7 +12,7 @@ import { InvalidLockOptionsError, LockNotAcquiredError, LockNotHeldError } from 
 import type { Handle, LockHandle } from '../core/lock-handle';
 import { LockSet, type LockSetHandle } from '../core/lock-set';
 import { LockScope } from '../core/lock-scope';
-import { type LockEventListener, LockEvents, type LockEventType } from '../events/lock-events';
+import { type LockEventListener, LockEvents, type LockEventSubject, type LockEventType } from '../events/lock-events';
 import type { LockStore, StoreHealth } from '../store/lock-store.interface';
 import { resolveLockOptions, validateLockOptions } from '../options/options.validation';
 import { type LockHolder, type LockInspection, Operator } from './inspection';
@@ -216,7 +216,7 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   }
 
   /** @internal Follow how many locks this application holds (the `dislock.locks.held` metric). */
-  onHeldChange(listener: (delta: number) => void): () => void {
+  onHeldChange(listener: (delta: number, lock: LockEventSubject) => void): () => void {
     return this.events.onHeldChange(listener);
   }
 
