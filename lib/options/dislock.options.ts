@@ -229,19 +229,6 @@ export interface ResolvedLockOptions {
   readonly caller?: string;
 }
 
-/** Longest a holder's description is kept in the store: a week. */
-const MAX_DESCRIBED_MS = 7 * 24 * 3_600_000;
-
-/**
- * How long a hold with these options can last at most (its description is kept that long): a
- * fixed `expire`, or every renewal's lease; capped at a week (also without `maxRenewTimes`).
- */
-export function holdLimitOf(options: ResolvedLockOptions): number {
-  if (options.expire > 0) return options.expire;
-  const leases = options.maxRenewTimes > 0 ? options.maxRenewTimes + 1 : Infinity;
-  return Math.min(MAX_DESCRIBED_MS, options.lockWatchdogTimeout * leases);
-}
-
 /** How an acquisition with these options holds its lock. */
 export function holdKindOf(options: ResolvedLockOptions): LockHoldKind {
   if (options.permits > 0) return 'permit';

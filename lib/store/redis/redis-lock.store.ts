@@ -8,7 +8,7 @@ import { refusal } from './access.refusal';
 import { evictionWarnings } from './eviction-check';
 import { ACQUIRE_SHARED_SCRIPT } from './scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
-import { isNoScript, type LuaScript } from './scripts/lua-script';
+import { isNoScript, type LuaScript, refusalOf } from './scripts/lua-script';
 import { CHECK_SCRIPT } from './scripts/check.script';
 import { LEAVE_SCRIPT } from './scripts/leave.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
@@ -82,16 +82,20 @@ function parseRecord(entry: string | undefined): StoredHold['recorded'] {
 
 const asError = (error: unknown): Error => (error instanceof Error ? error : new Error(describeError(error)));
 
-const isRedirection = (reply: unknown): boolean => reply instanceof Error && /^(MOVED|ASK) /.test(reply.message);
+/** Redis answered MOVED or ASK: the command belongs on another node (and did not run). */
+const isRedirection = (reply: unknown): boolean => {
+  const refused = refusalOf(reply);
+  return refused?.redirected === false && (refused.code === 'MOVED' || refused.code === 'ASK');
+};
 
 /**
  * A Cluster's refusal of a command whose slot is migrating, or ioredis giving up after following
  * its redirections (16 by default, 100 ms apart on TRYAGAIN): either way the command did not run.
  */
-const isSlotMigrating = (reply: unknown): boolean =>
-  reply instanceof Error &&
-  (/^TRYAGAIN /.test(reply.message) ||
-    /^Too many Cluster redirections\. Last error: (ReplyError: )?(TRYAGAIN|ASK|MOVED) /.test(reply.message));
+const isSlotMigrating = (reply: unknown): boolean => {
+  const refused = refusalOf(reply);
+  return refused?.code === 'TRYAGAIN' || (refused?.redirected === true && /^(ASK|MOVED)$/.test(refused.code));
+};
 
 /**
  * Whether the Cluster client holds a command back right now to send it again after Redis answered
@@ -670,7 +674,12 @@ export class RedisLockStore implements LockStore {
    */
   private migrating(migration: Migration, key: string): SlotMigratingError | undefined {
     if (migration.error || !this.cluster || !retryingTryAgain(this.client as Cluster)) return migration.error;
-    return new SlotMigratingError(keySlot(this.clientPrefix + key), undefined);
+    return this.migratingError(key, undefined);
+  }
+
+  /** The slot of `key` (as Redis sees it) was migrating for as long as an operation could wait. */
+  private migratingError(key: string, cause: unknown): SlotMigratingError {
+    return new SlotMigratingError(keySlot(this.clientPrefix + key), cause);
   }
 
   /**
@@ -695,7 +704,7 @@ export class RedisLockStore implements LockStore {
         return await this.runUntil(script, keys, args, until);
       } catch (error) {
         if (!isSlotMigrating(error)) throw error;
-        migration.error = new SlotMigratingError(keySlot(this.clientPrefix + keys[0]), error);
+        migration.error = this.migratingError(keys[0], error);
         if (this.closed || performance.now() + delay >= end) throw migration.error;
         await new Promise((resolve) => setTimeout(resolve, delay));
       }
@@ -720,7 +729,7 @@ export class RedisLockStore implements LockStore {
       const timer = setTimeout(
         () => {
           if (!retryingTryAgain(this.client as Cluster)) return;
-          reject(new SlotMigratingError(keySlot(this.clientPrefix + keys[0]), undefined));
+          reject(this.migratingError(keys[0], undefined));
         },
         Math.max(0, until - performance.now()),
       );
@@ -732,7 +741,7 @@ export class RedisLockStore implements LockStore {
         },
         (error: unknown) => {
           clearTimeout(timer);
-          reject(error instanceof Error ? error : new Error(describeError(error)));
+          reject(asError(error));
         },
       );
     });

@@ -2,14 +2,23 @@ import { createHash } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
 
 /**
+ * The code Redis refused a command with (`NOSCRIPT`, `TRYAGAIN`, `MOVED`...): the error's first
+ * word, or, when a Cluster client gave up after following its redirections ("Too many Cluster
+ * redirections. Last error: ..."), that of the last answer it had (`redirected`). Undefined for
+ * anything else.
+ */
+export function refusalOf(reply: unknown): { code: string; redirected: boolean } | undefined {
+  if (!(reply instanceof Error)) return undefined;
+  const match = /^(Too many Cluster redirections\. Last error: (?:ReplyError: )?)?([A-Z]+)(?: |$)/.exec(reply.message);
+  return match ? { code: match[2], redirected: match[1] !== undefined } : undefined;
+}
+
+/**
  * Whether `reply` says the server has not loaded the script: NOSCRIPT itself, or a Cluster client
  * giving up on a command whose last answer was NOSCRIPT (the redirections a migrating slot's
  * TRYAGAIN used up left none for it: the new owner of the slot had not loaded the script).
  */
-export const isNoScript = (reply: unknown): boolean =>
-  reply instanceof Error &&
-  (reply.message.startsWith('NOSCRIPT') ||
-    /^Too many Cluster redirections\. Last error: (ReplyError: )?NOSCRIPT/.test(reply.message));
+export const isNoScript = (reply: unknown): boolean => refusalOf(reply)?.code === 'NOSCRIPT';
 
 /** The two commands a script needs; a Redis or Cluster client qualifies. */
 export type ScriptClient = Pick<Redis | Cluster, 'evalsha' | 'eval'>;
