@@ -27,6 +27,7 @@ import {
 } from 'nestjs-dislock';
 import { createTestApp, type TestApp } from './support/app';
 import { abortReason, gate, lostReason } from './support/async';
+import { countRenewals } from './support/renewals';
 import { RedisServer } from './support/redis-server';
 import { eventually, sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
 import {
@@ -95,37 +96,6 @@ function expectStrictlyIncreasing(tokens: number[]): void {
     expect(token).toBeGreaterThan(0);
   }
   for (let i = 1; i < tokens.length; i += 1) expect(tokens[i]).toBeGreaterThan(tokens[i - 1]);
-}
-
-/**
- * Counts, by MONITOR on `monitor`, the renewals Redis runs for `key` (renew-script calls naming it
- * with a lease; a lease of 0 is a check). The script must be loaded (each renewal one EVALSHA).
- * `synced` sends a marker through `client` and resolves once MONITOR shows it: Redis feeds MONITOR
- * in the order it runs commands, so every renewal before it has been counted.
- */
-function countRenewals(monitor: Redis, client: Redis, key: string): { count(): number; synced(): Promise<void> } {
-  const markers = new Map<string, () => void>();
-  let count = 0;
-  monitor.on('monitor', (_time: string, args: string[]) => {
-    const [command, first] = args;
-    const marker = /^echo$/i.test(command) ? markers.get(first) : undefined;
-    if (marker) return marker();
-    if (!/^evalsha$/i.test(command) || first !== RENEW_SCRIPT.sha) return;
-    const keys = args.slice(3, 3 + Number(args[2]));
-    const argv = args.slice(3 + keys.length);
-    keys.forEach((named, i) => {
-      if (named === key && Number(argv[2 * i + 1]) !== 0) count += 1;
-    });
-  });
-  return {
-    count: () => count,
-    synced: async () => {
-      const marker = `dislock-test-sync:${Math.random().toString(36).slice(2)}`;
-      const seen = new Promise<void>((resolve) => markers.set(marker, resolve));
-      await client.echo(marker);
-      await seen;
-    },
-  };
 }
 
 /** Samples `read` every 25 ms for `ms` and returns every distinct value seen (JSON). */

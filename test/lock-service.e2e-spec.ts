@@ -1,4 +1,3 @@
-import { randomBytes } from 'node:crypto';
 import { Logger } from '@nestjs/common';
 import type { Redis } from 'ioredis';
 import { DisLockError, type LockHandle, LockLostError, LockNotAcquiredError, type LockService } from 'nestjs-dislock';
@@ -6,6 +5,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { eventually, sharedClient, sleep } from './support/shared-redis';
 import { abortReason, lostReason, gate } from './support/async';
 import { holdsOf } from './support/lock-hash';
+import { followRenewals } from './support/renewals';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
@@ -21,49 +21,6 @@ async function scanKeys(client: Redis, pattern: string): Promise<string[]> {
     keys.push(...batch);
   } while (cursor !== '0');
   return keys;
-}
-
-/** What MONITOR saw of the renewals of one key (see `followRenewals`). */
-interface RenewalsSeen {
-  /** Renewals Redis ran for the key so far: renew-script calls naming it with a lease (0 is a check). */
-  count(): number;
-  /** Resolves once MONITOR has shown every command Redis ran before this call. */
-  synced(): Promise<void>;
-  stop(): void;
-}
-
-/**
- * Follows MONITOR (on a connection of its own) for the renewals Redis runs for `key`, each call of
- * the renew script naming it with a lease. The script is loaded first, so that each renewal is one
- * EVALSHA (never an EVALSHA refused with NOSCRIPT and then an EVAL). `synced` sends a marker through
- * `client` and waits for MONITOR to show it: Redis feeds MONITOR in the order it runs commands.
- */
-async function followRenewals(client: Redis, key: string): Promise<RenewalsSeen> {
-  await client.script('LOAD', RENEW_SCRIPT.source);
-  const monitor = await client.monitor();
-  const markers = new Map<string, () => void>();
-  let count = 0;
-  monitor.on('monitor', (_time: string, args: string[]) => {
-    const [command, first] = args;
-    const marker = /^echo$/i.test(command) ? markers.get(first) : undefined;
-    if (marker) return marker();
-    if (!/^evalsha$/i.test(command) || first !== RENEW_SCRIPT.sha) return;
-    const keys = args.slice(3, 3 + Number(args[2]));
-    const argv = args.slice(3 + keys.length);
-    keys.forEach((named, i) => {
-      if (named === key && Number(argv[2 * i + 1]) !== 0) count += 1;
-    });
-  });
-  return {
-    count: () => count,
-    synced: async () => {
-      const marker = `dislock-test-sync:${randomBytes(8).toString('hex')}`;
-      const seen = new Promise<void>((resolve) => markers.set(marker, resolve));
-      await client.echo(marker);
-      await seen;
-    },
-    stop: () => monitor.disconnect(),
-  };
 }
 
 describe('LockService on a real Redis', () => {
