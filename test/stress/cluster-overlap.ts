@@ -93,16 +93,23 @@ interface RunResult {
   readonly violations: Violation[];
 }
 
-function integer(name: string, value: string | undefined, fallback: number | undefined, min: number): number {
-  if (value === undefined) {
-    if (fallback === undefined) throw new Error(`--${name} is required\n${usage}`);
-    return fallback;
-  }
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < min)
-    throw new Error(`--${name} must be an integer >= ${min}, got '${value}'\n${usage}`);
-  return n;
+/** Reads integer options (`--name value`), naming the option and showing `usage` when one is wrong. */
+export function integerOptions(
+  usage: string,
+): (name: string, value: string | undefined, fallback: number | undefined, min: number) => number {
+  return (name, value, fallback, min) => {
+    if (value === undefined) {
+      if (fallback === undefined) throw new Error(`--${name} is required\n${usage}`);
+      return fallback;
+    }
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < min)
+      throw new Error(`--${name} must be an integer >= ${min}, got '${value}'\n${usage}`);
+    return n;
+  };
 }
+
+const integer = integerOptions(usage);
 
 function settingsOf(argv: string[]): Settings | undefined {
   const { values } = parseArgs({

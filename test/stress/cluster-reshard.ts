@@ -56,7 +56,7 @@ import { DisLockModule, LockService } from 'nestjs-dislock';
 import { keySlot, slotTag } from '../../lib/store/redis/fence-key';
 import { type ClusterNodeInfo, RedisCluster } from '../support/cluster';
 import { Resharder } from '../support/reshard';
-import { check, type Incident, type Section, type Violation } from './cluster-overlap';
+import { check, type Incident, integerOptions, type Section, type Violation } from './cluster-overlap';
 
 const usage =
   'usage: npm run stress -- --reshard [--runs 1] [--slots 300] [--migrations 12] [--gap-ms 3000] ' +
@@ -97,13 +97,7 @@ interface Settings {
   readonly fillEvery: boolean;
 }
 
-function integer(name: string, value: string | undefined, fallback: number, min: number): number {
-  if (value === undefined) return fallback;
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < min)
-    throw new Error(`--${name} must be an integer >= ${min}, got '${value}'\n${usage}`);
-  return n;
-}
+const integer = integerOptions(usage);
 
 function settingsOf(argv: string[]): Settings | undefined {
   const { values } = parseArgs({
