@@ -15,6 +15,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { abortReason, gate, lostReason, settle } from './support/async';
 import { RedisServer } from './support/redis-server';
 import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared.script';
+import { RENEW_SCRIPT } from '../lib/store/redis/scripts/renew.script';
 import { fenceKeyFor, lineKeysFor } from '../lib/store/redis/fence-key';
 import { eventually, sharedClient, sleep, uniquePrefix } from './support/shared-redis';
 import { holdsOf } from './support/lock-hash';
@@ -89,6 +90,33 @@ describe('the lock family on a real Redis', () => {
   });
 
   describe('read-write lock', () => {
+    it('two readers of one application on one lock are renewed in separate script calls: no call names a key twice', async () => {
+      // A renewal that drops a lapsed shared hold may delete its key; a script that reached that
+      // key again in the same call would fail halfway while a Cluster slot migrates.
+      const name = fresh('rw-renew');
+      await redis.script('LOAD', RENEW_SCRIPT.source);
+      const monitor = await redis.monitor();
+      const calls: string[][] = [];
+      monitor.on('monitor', (_time: string, args: string[]) => {
+        if (!/^evalsha$/i.test(args[0]) || args[1] !== RENEW_SCRIPT.sha) return;
+        const keys = args.slice(3, 3 + Number(args[2]));
+        if (keys.includes(key(name))) calls.push(keys);
+      });
+      try {
+        const [r1, r2] = (await Promise.all([
+          a.locks.tryLock(name, { mode: 'read', lockWatchdogTimeout: 300 }),
+          a.locks.tryLock(name, { mode: 'read', lockWatchdogTimeout: 300 }),
+        ])) as [LockHandle, LockHandle];
+        expect(r1.owner).not.toBe(r2.owner);
+        // Renewed every 100 ms, both due together: 4 calls naming the key are two rounds at least.
+        expect(await eventually(() => calls.length >= 4, 3_000)).toBe(true);
+        await Promise.all([r1.release(), r2.release()]);
+        for (const keys of calls) expect(keys.filter((named) => named === key(name))).toHaveLength(1);
+      } finally {
+        monitor.disconnect();
+      }
+    });
+
     it('readers share the lock, each with its own lease in its own field; a writer is refused meanwhile', async () => {
       const name = fresh('rw');
       const r1 = (await a.locks.tryLock(name, { mode: 'read', lockWatchdogTimeout: 2_000 })) as LockHandle;
