@@ -209,38 +209,42 @@ describe('waiting without polling, and the batched watchdog', () => {
   });
 
   describe('the release message', () => {
-    it('a release that deletes the key publishes on the channel named like the key; a count-down and an expiry do not', async () => {
+    it('a release announces on the channel named like the key only when someone waits in its line; nobody waiting, a count-down and an expiry are not announced', async () => {
       const name = fresh('published');
       const listener = redis.duplicate();
       const messages: { channel: string; message: string }[] = [];
       listener.on('message', (channel: string, message: string) => messages.push({ channel, message }));
+      let stopListening = (): void => undefined;
+      const queued = new Promise<void>((resolve) => (stopListening = b.locks.on('waiting', () => resolve())));
       try {
         await listener.subscribe(key(name));
+        // Nobody waits: the release publishes nothing (the uncontended cycle pays no PUBLISH).
+        const alone = await a.locks.lock(name, { lockWatchdogTimeout: 2_000 });
+        expect(await alone.release()).toBe(true);
+        // A waiter in the line (b's first attempt took its place before 'waiting' fires): announced.
         const fromA = await a.locks.lock(name, { lockWatchdogTimeout: 2_000 });
+        const waiter = b.locks.lock(name, { lockWatchdogTimeout: 2_000, waitTime: 10_000 });
+        await queued;
         expect(await fromA.release()).toBe(true);
         expect(await eventually(() => messages.length === 1, 1_000)).toBe(true);
+        expect(await (await waiter).release()).toBe(true); // nobody waits now
         await b.locks.withLock(
           name,
-          async () => {
-            await b.locks.withLock(name, () => undefined); // re-entered, then counted down: still held
-            await sleep(50);
-            expect(messages).toHaveLength(1);
-          },
+          () => b.locks.withLock(name, () => undefined), // re-entered, then counted down: still held
           { lockWatchdogTimeout: 2_000 },
         );
-        expect(await eventually(() => messages.length === 2, 1_000)).toBe(true);
-
         // An expiry is not announced.
         await a.locks.lock(name, { expire: 100 });
         expect(await eventually(async () => (await redis.exists(key(name))) === 0, 1_000)).toBe(true);
-        await sleep(50);
+        // Whatever the releases published has arrived once a message published after them has.
+        await listener.subscribe(key(`${name}-fence`));
+        await redis.publish(key(`${name}-fence`), 'fence');
+        expect(await eventually(() => messages.some((m) => m.message === 'fence'), 1_000)).toBe(true);
 
-        expect(messages.map((m) => m.channel)).toEqual([key(name), key(name)]);
-        const [first, second] = messages.map((m) => m.message);
-        expect(first.length).toBeGreaterThan(0);
-        expect(second.length).toBeGreaterThan(0);
-        expect(first).not.toBe(second); // the payload says which LockService's store released
+        expect(messages.map((m) => m.channel)).toEqual([key(name), key(`${name}-fence`)]);
+        expect(messages[0].message.length).toBeGreaterThan(0);
       } finally {
+        stopListening();
         listener.disconnect();
       }
     });

@@ -5,6 +5,7 @@ export * from './lock-upgrade.error';
 export * from './invalid-options.error';
 export * from './key-resolution.error';
 export * from './redis-unavailable.error';
+export * from './lock-key-conflict.error';
 export * from './redis-out-of-memory.error';
 export * from './replication-not-confirmed.error';
 export * from './lock-lost.error';

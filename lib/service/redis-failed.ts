@@ -1,10 +1,12 @@
 import {
+  LockKeyConflictError,
   RedisOutOfMemoryError,
   RedisUnavailableError,
   RedlockQuorumError,
   ReplicationNotConfirmedError,
 } from '../errors';
 import {
+  ForeignKeyError,
   ReplicaShortfallError,
   SlotMigratingError,
   StoreDisconnectedError,
@@ -25,6 +27,9 @@ export function redisFailed(
   if (error instanceof RedlockQuorumError) return error;
   if (error instanceof ReplicaShortfallError) {
     return new ReplicationNotConfirmedError(name, error.confirmed, error.required, error.timeoutMs);
+  }
+  if (error instanceof ForeignKeyError) {
+    return new LockKeyConflictError(operation, name, error.key, error.type, { cause: error });
   }
   if (error instanceof Error && error.message.startsWith('OOM ')) {
     const why = "Redis is out of memory (used memory is over its 'maxmemory', and it refuses new writes)";

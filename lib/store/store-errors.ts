@@ -73,3 +73,25 @@ export class SlotMigratingError extends Error {
     this.name = 'SlotMigratingError';
   }
 }
+
+/**
+ * A key the library keeps a lock in holds another type than it writes there: someone else's key
+ * sits at the lock's name (`'lock'`), or at the fencing counter of its slot (`'fence'`). Thrown by
+ * the Redis store for an acquisition, which wrote nothing; `LockService` turns it into the public
+ * `LockKeyConflictError`. No wait would ever see such a key released.
+ */
+export class ForeignKeyError extends Error {
+  constructor(
+    /** The key as the store names it (with the module's keyPrefix). */
+    readonly key: string,
+    /** Which of the lock's keys it is. */
+    readonly role: 'lock' | 'fence',
+    /** The type Redis reports for it (`string`, `list`...), when known. */
+    readonly type: string | undefined,
+    cause: unknown,
+  ) {
+    const expected = role === 'lock' ? 'a lock hash' : "a lock slot's fencing counter";
+    super(`The Redis key "${key}" holds ${type ? `a ${type}` : 'another type'}, not ${expected}`, { cause });
+    this.name = 'ForeignKeyError';
+  }
+}

@@ -9,6 +9,7 @@ import { duplicateClient, isClusterClient, type RedisClient } from './redis-clie
 import { ACQUIRE_SHARED_SCRIPT } from './scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
 import { CHECK_SCRIPT } from './scripts/check.script';
+import { EPOCH_SCRIPT } from './scripts/epoch.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
 import { RENEW_SCRIPT } from './scripts/renew.script';
 
@@ -160,6 +161,10 @@ export class AccessProbe {
       const freed = await release(shared);
       expectReply('release (shared)', Array.isArray(freed) && freed[0] === 1, freed);
     }
+    // The data-set marker that lets holders hear at once when Redis lost their locks (see
+    // RedisLockStore.suspect): run on the probe's fencing counter, which exists, so it only reads.
+    const marker = await this.bounded(EPOCH_SCRIPT.run(this.client, [this.fence], ['access-check']));
+    expectReply('epoch', typeof marker === 'string', marker);
     // On a Cluster the release script falls back to PUBLISH when SPUBLISH fails, refused or not:
     // waiters elsewhere would then only poll. Ask for SPUBLISH itself (unknown before Redis 7).
     if (this.cluster) {

@@ -8,7 +8,7 @@ import { refusal } from './access.refusal';
 import { evictionWarnings } from './eviction-check';
 import { ACQUIRE_SHARED_SCRIPT } from './scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from './scripts/acquire.script';
-import { isNoScript, type LuaScript, refusalOf } from './scripts/lua-script';
+import { foreignKeyOf, isNoScript, type LuaScript, refusalOf } from './scripts/lua-script';
 import { CHECK_SCRIPT } from './scripts/check.script';
 import { LEAVE_SCRIPT } from './scripts/leave.script';
 import { RELEASE_SCRIPT } from './scripts/release.script';
@@ -37,7 +37,7 @@ import { ReleaseEchoes } from './release-echoes';
 import type { ReplicaAck } from './replica-ack';
 import { ReleaseSubscriber } from './release-subscriber';
 import { giveBackHold } from '../give-back';
-import { SlotMigratingError, StoreDisconnectedError, StoreTimeoutError } from '../store-errors';
+import { ForeignKeyError, SlotMigratingError, StoreDisconnectedError, StoreTimeoutError } from '../store-errors';
 import { ConnectionState } from './connection-state';
 import { healthProblem } from './connection-problem';
 
@@ -250,6 +250,9 @@ export class RedisLockStore implements LockStore {
     try {
       reply = await this.bounded(pending, () => this.migrating(migration, key));
     } catch (error) {
+      // Someone else's key at the lock's name: the script refused it and wrote nothing.
+      const foreign = foreignKeyOf(error);
+      if (foreign) throw foreign;
       // No answer in time, the client's own commandTimeout, a connection closed in flight: the
       // script may have run, or may still run. Whatever the error, give the hold back; unless it
       // was never sent (the client was known to be cut off from Redis).
@@ -304,7 +307,7 @@ export class RedisLockStore implements LockStore {
       // It may have run (the reply was lost or is late): its announcement, if it comes back, wakes
       // the local waiters then.
       if (this.echoes.failed(message)) this.releases.wakeLocal(key);
-      throw error;
+      throw foreignKeyOf(error) ?? error;
     }
     const [code, head, second] = Array.isArray(reply) ? (reply as [number, string, string, string]) : [reply, '', ''];
     const result = RELEASE_RESULTS[code as number];
@@ -402,6 +405,8 @@ export class RedisLockStore implements LockStore {
       number,
       string,
     ];
+    // Someone else's key at the lock's name: no lock of ours, held or free.
+    if (type !== 'none' && type !== 'hash') throw new ForeignKeyError(key, 'lock', type, undefined);
     const now = Number(serverMs);
     const descriptions = new Map<string, string>();
     const holdFields: [string, string][] = [];
@@ -421,7 +426,7 @@ export class RedisLockStore implements LockStore {
       };
     });
     const live = holds.filter((hold) => hold.exclusive || hold.ttl > 0);
-    return { held: type !== 'none' && (type !== 'hash' || live.length > 0), holds: live, waiting };
+    return { held: live.length > 0, holds: live, waiting };
   }
 
   async forceUnlock(key: string): Promise<StoredHold[]> {

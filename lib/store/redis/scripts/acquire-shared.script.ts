@@ -1,10 +1,10 @@
 import {
   DROP_LAPSED_LUA,
+  FOREIGN_KEY_LUA,
   HOLD_LUA,
   LINE_HEAD_LUA,
   NEXT_TOKEN_LUA,
   PUBLISH_LUA,
-  RAISE_UNLESS_WRONGTYPE_LUA,
   TAKE_PLACE_LUA,
 } from './line.lua';
 import { LuaScript } from './lua-script';
@@ -30,8 +30,8 @@ import { LuaScript } from './lua-script';
  * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
  * ARGV[9]  ms a head named to look has to do so before its place lapses (see HEAD_TURN_LUA)
  *
- * Returns {1, token} when taken; {0, pttl} when an exclusive hold (a writer) has the key, or a key
- * of another type, pttl its remaining lease; {0, ms} when ARGV[7] shared holds have it, ms until
+ * Returns {1, token} when taken; {0, pttl} when an exclusive hold (a writer) has the key, pttl its
+ * remaining lease (a key of another type fails the script, see acquire.script.ts); {0, ms} when ARGV[7] shared holds have it, ms until
  * the first of their leases ends; {0, -3, turn} when it could be taken but other waiters are ahead
  * in its line: a newcomer never jumps the line, so a writer that waits is not overtaken by readers
  * that come after it. `turn` is the ms until the head's place lapses unless it looks again.
@@ -65,10 +65,9 @@ local function busy(ttl, turn)
   if waiter ~= '' then take_place() end
   return {0, ttl, turn}
 end
--- pcall: a key of another type answers WRONGTYPE, which means held by someone else
+-- pcall: a key of another type is someone else's (FOREIGN_KEY_LUA)
 local holders = redis.pcall('hgetall', key)
-${RAISE_UNLESS_WRONGTYPE_LUA('holders')}
-if not holders then return busy(redis.call('pttl', key)) end
+${FOREIGN_KEY_LUA('holders')}
 local live, soonest, latest, lapsed, granted, again = 0, math.huge, 0, {}, false, false
 for i = 1, #holders, 2 do
   local field, ends = holders[i], tonumber(holders[i + 1])

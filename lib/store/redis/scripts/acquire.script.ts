@@ -1,4 +1,12 @@
-import { DROP_LAPSED_LUA, FIND_GRANT_LUA, GRANT_LUA, HOLD_LUA, NEXT_TOKEN_LUA, TAKE_PLACE_LUA } from './line.lua';
+import {
+  DROP_LAPSED_LUA,
+  FIND_GRANT_LUA,
+  FOREIGN_KEY_LUA,
+  GRANT_LUA,
+  HOLD_LUA,
+  NEXT_TOKEN_LUA,
+  TAKE_PLACE_LUA,
+} from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -21,7 +29,7 @@ import { LuaScript } from './lua-script';
  * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
  *
  * Returns {1, token} when taken, {0, pttl} when another owner holds it (pttl -1: the key has no
- * expiry; a key of another type counts as held by someone else), and {0, -3, turn} when it is free
+ * expiry), and {0, -3, turn} when it is free
  * but other waiters are ahead in its line: a newcomer never jumps the line. `turn` is how long the
  * head has to take it (the grant this attempt made it, or its turn to look): a head that died is
  * out of the way by then.
@@ -37,6 +45,11 @@ import { LuaScript } from './lua-script';
  * others in the line (the holder's lease ran out: nothing announced it) is granted to the head by
  * the attempt that finds it so, as a release would have.
  *
+ * The uncontended path (the lock free, its line empty: one EXISTS answers both) reads the clock,
+ * issues the token and writes the hold: 5 commands. A key of another type at the lock's name fails
+ * the script with FOREIGN_KEY_ERROR before anything is written (and one at its slot's fencing
+ * counter with FOREIGN_FENCE_ERROR): it is someone else's key, not a lock held by another owner.
+ *
  * Safe to run twice: a client that re-sends the command after a lost reply (ioredis does, by
  * default, when the connection drops) finds its own owner id already in the hash. That can only
  * be its own first run, so it answers "taken" again, with a new token: the first one never
@@ -47,12 +60,20 @@ export const ACQUIRE_SCRIPT = new LuaScript(
   `
 local key, fence, owner, waiter = KEYS[1], KEYS[2], ARGV[1], ARGV[3]
 local line, deadlines = KEYS[3], KEYS[4]
-local free = redis.call('exists', key) == 0
 local now = redis.call('time')
-${TAKE_PLACE_LUA}
 ${HOLD_LUA(8)}
--- pcall: a key of another type answers WRONGTYPE, which means held by someone else
-if not free and redis.pcall('hexists', key, owner) ~= 1 then
+if redis.call('exists', key, line) == 0 then
+  -- free, and nobody waits: the uncontended path
+  ${NEXT_TOKEN_LUA}
+  hold(owner, 1, string.format('%.0f', token))
+  redis.call('pexpire', key, ARGV[2])
+  return {1, token}
+end
+local free = redis.call('exists', key) == 0
+${TAKE_PLACE_LUA}
+local mine = not free and redis.pcall('hexists', key, owner)
+${FOREIGN_KEY_LUA('mine')}
+if not free and mine ~= 1 then
   if waiter ~= '' then
     ${FIND_GRANT_LUA}
     if grant_field then

@@ -10,6 +10,34 @@ if type(${reply}) == 'table' and ${reply}.err then
 end
 `;
 
+/**
+ * The first word of the error a script fails with when the fencing counter key of a lock's slot
+ * holds another type than a string (followed by its type and the key): someone else's key sits at
+ * the library's name.
+ */
+export const FOREIGN_FENCE_ERROR = 'DISLOCK_FOREIGN_FENCE';
+
+/**
+ * The first word of the error a script fails with when the key at a lock's name holds another
+ * type than a hash (followed by its type and the key): someone else's key, not a lock held by
+ * another owner, which no wait would ever see released.
+ */
+export const FOREIGN_KEY_ERROR = 'DISLOCK_FOREIGN_KEY';
+
+/**
+ * After `redis.pcall` of a hash command on the lock `key`: a WRONGTYPE error fails the script with
+ * FOREIGN_KEY_ERROR (nothing written before it may be left half-done: use it before the first
+ * write); any other error fails it as it came.
+ */
+export const FOREIGN_KEY_LUA = (reply: string): string => `
+if type(${reply}) == 'table' and ${reply}.err then
+  if string.sub(${reply}.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('${FOREIGN_KEY_ERROR} ' .. redis.call('type', key).ok .. ' ' .. key)
+  end
+  return redis.error_reply(${reply}.err)
+end
+`;
+
 /** A Lua expression: the server's time in ms. */
 export const SERVER_MS_LUA = `(function()
   local clock = redis.call('time')
@@ -45,12 +73,28 @@ end
  * smaller: it grows strictly with every acquisition in the slot, across releases and expiries, and
  * stays above tokens issued before a restart that lost the counter as long as the clock has moved
  * on. Redis >= 5 replicates the script's effects, so calling TIME before writing is allowed.
+ *
+ * One command while the clock runs ahead of the counter (every uncontended acquisition): SET ... GET
+ * writes the clock's token and reads the last one together; only a counter at or past the clock
+ * (two tokens within one microsecond, a clock stepped back) costs a second SET. A counter that is
+ * not a string (someone else's key) fails the script with FOREIGN_FENCE_ERROR.
  */
 export const NEXT_TOKEN_LUA = `
 local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local last = tonumber(redis.call('get', fence))
-if last and last >= token then token = last + 1 end
-redis.call('set', fence, string.format('%.0f', token))
+local last = redis.pcall('set', fence, string.format('%.0f', token), 'GET')
+if type(last) == 'table' and last.err then
+  if string.sub(last.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('${FOREIGN_FENCE_ERROR} ' .. redis.call('type', fence).ok .. ' ' .. fence)
+  end
+  -- a server older than 6.2 (no SET ... GET): read, then write
+  last = redis.call('get', fence)
+  redis.call('set', fence, string.format('%.0f', token))
+end
+last = tonumber(last)
+if last and last >= token then
+  token = last + 1
+  redis.call('set', fence, string.format('%.0f', token))
+end
 `;
 
 /**
@@ -101,7 +145,10 @@ end
  * (no token) wakes its process alone, to look at once, and the second in line later, in case the
  * head has left the line; the head's place lapses within `grant` ms unless it looks
  * (HEAD_TURN_LUA), so a head that died holds the lock up no longer than a dead writer's grant.
- * The other waiters sleep on. Nobody in the line: `message:::`, and everyone looks.
+ * The other waiters sleep on. A line whose places have all lapsed: `message:::`, and everyone
+ * looks. No line at all: nothing is announced (nobody waits: a waiter keeps its place by looking
+ * at least every `lineRefreshMs`, well within the place's PLACE_MS, so one whose place lapsed has
+ * stalled that long and looks again on its own), and the uncontended release costs no PUBLISH.
  */
 export const GRANT_LUA = `
 local head, second, granted = '', '', ''
@@ -120,19 +167,22 @@ elseif head ~= '' then
   local ms = ${SERVER_MS_LUA}
   ${HEAD_TURN_LUA}
 end
-local announcement = message .. ':' .. head .. ':' .. second .. ':' .. granted
-${PUBLISH_LUA('announcement')}
+if waiting then
+  local announcement = message .. ':' .. head .. ':' .. second .. ':' .. granted
+  ${PUBLISH_LUA('announcement')}
+end
 `;
 
 /**
  * Sets `head` and `second` to the first two places of the lock's line after dropping the lapsed
  * ones ('' where there are fewer), for an announcement that names who looks first (see GRANT_LUA);
- * the head's place then lapses within `grant` ms unless it looks (HEAD_TURN_LUA). Expects `line`,
- * `deadlines`, `ms` (the server's time in ms) and `grant` as locals.
+ * the head's place then lapses within `grant` ms unless it looks (HEAD_TURN_LUA). Sets `queued`:
+ * whether the line exists. Expects `line`, `deadlines`, `ms` (the server's time in ms) and `grant`
+ * as locals.
  */
 export const LINE_HEAD_LUA = `
-local head, second = '', ''
-if redis.call('exists', line) == 1 then
+local head, second, queued = '', '', redis.call('exists', line) == 1
+if queued then
   ${DROP_LAPSED_LUA}
   local first = redis.call('zrange', line, 0, 1)
   head, second = first[1] or '', first[2] or ''
@@ -143,7 +193,7 @@ end
 /**
  * Shared holds were just dropped from `key`: settle the others (SETTLE_SHARED_LUA); while some
  * remain, announce the room left to the head of the line (who looks at once) and the second (who
- * looks once the head's turn has passed), and return `result`. Expects SETTLE_SHARED_LUA's and
+ * looks once the head's turn has passed), if there is a line, and return `result`. Expects SETTLE_SHARED_LUA's and
  * LINE_HEAD_LUA's locals but `ms`, which it sets.
  */
 export const SHARED_DROPPED_LUA = (result: string): string => `
@@ -151,8 +201,10 @@ local ms = ${SERVER_MS_LUA}
 ${SETTLE_SHARED_LUA}
 if live > 0 then
   ${LINE_HEAD_LUA}
-  local announcement = message .. ':' .. head .. ':' .. second .. ':'
-  ${PUBLISH_LUA('announcement')}
+  if queued then
+    local announcement = message .. ':' .. head .. ':' .. second .. ':'
+    ${PUBLISH_LUA('announcement')}
+  end
   return ${result}
 end
 `;

@@ -1,5 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
+import { ForeignKeyError } from '../../store-errors';
+import { FOREIGN_KEY_ERROR } from './line.lua';
 
 /**
  * The code Redis refused a command with (`NOSCRIPT`, `TRYAGAIN`, `MOVED`...): the error's first
@@ -19,6 +21,17 @@ export function refusalOf(reply: unknown): { code: string; redirected: boolean }
  * TRYAGAIN used up left none for it: the new owner of the slot had not loaded the script).
  */
 export const isNoScript = (reply: unknown): boolean => refusalOf(reply)?.code === 'NOSCRIPT';
+
+/**
+ * The key of another type a script refused to treat as a lock's (FOREIGN_KEY_ERROR,
+ * FOREIGN_FENCE_ERROR in line.lua.ts), as a `ForeignKeyError`; undefined for any other error.
+ */
+export function foreignKeyOf(error: unknown): ForeignKeyError | undefined {
+  if (!(error instanceof Error)) return undefined;
+  const match = /^(DISLOCK_FOREIGN_KEY|DISLOCK_FOREIGN_FENCE) (\S+) (.*)$/s.exec(error.message);
+  if (!match) return undefined;
+  return new ForeignKeyError(match[3], match[1] === FOREIGN_KEY_ERROR ? 'lock' : 'fence', match[2], error);
+}
 
 /** The two commands a script needs; a Redis or Cluster client qualifies. */
 export type ScriptClient = Pick<Redis | Cluster, 'evalsha' | 'eval'>;

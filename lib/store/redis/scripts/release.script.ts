@@ -1,4 +1,4 @@
-import { HAND_ON_LUA, SHARED_DROPPED_LUA } from './line.lua';
+import { HAND_ON_LUA, RAISE_UNLESS_WRONGTYPE_LUA, SHARED_DROPPED_LUA } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -18,10 +18,14 @@ import { LuaScript } from './lua-script';
  * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
  *
  * Returns 0 when the caller does not hold the lock (nothing changed), {1, head, second, token}
- * when the key was deleted, or a shared hold dropped, and the release announced: head and second
+ * when the key was deleted, or a shared hold dropped (and the release announced, if anyone waits): head and second
  * name the first two waiters in the line ('' when there are fewer); token is the fencing token of the grant to the
  * head ('' when nobody waits, or nobody is granted: a shared hold freed while others remain, or a
  * shared waiter at the head, which is named to look first).
+ *
+ * The uncontended path (an exclusive hold, nobody in the line) is one HDEL, which checks the owner
+ * and drops the hold (and the key with its last field), and one EXISTS of the key and the line:
+ * nothing is announced when nobody waits.
  *
  * Idempotent: a re-sent copy finds the owner gone and changes nothing (it answers 0; the store
  * tells that apart from a lock lost before its release, see RedisLockStore.release). The hold
@@ -33,17 +37,20 @@ export const RELEASE_SCRIPT = new LuaScript(
 local key, fence, line, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
 -- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here, not a failure
-local held = redis.pcall('hget', key, ARGV[1])
-if type(held) ~= 'string' then
+local dropped = redis.pcall('hdel', key, ARGV[1], '=' .. ARGV[1])
+${RAISE_UNLESS_WRONGTYPE_LUA('dropped')}
+if not dropped or dropped == 0 then
   return 0
 end
-if tonumber(held) > 1 then
-  -- a shared hold: drop it alone; while others hold on, a freed permit is announced to the head
-  -- of the line (who looks at once) and the second (who looks once the head's turn has passed)
-  redis.call('hdel', key, ARGV[1], '=' .. ARGV[1])
+-- An exclusive hold was the hash's only field (with its description): the key went with it.
+if redis.call('exists', key, line) == 0 then
+  return {1, '', '', ''}
+end
+if redis.call('exists', key) == 1 then
+  -- shared holds remain (this was one of them): settle them; while some are live, a freed permit
+  -- is announced to the head of the line (who looks at once) and the second (who looks once the
+  -- head's turn has passed)
   ${SHARED_DROPPED_LUA("{1, head, second, ''}")}
-else
-  redis.call('del', key)
 end
 ${HAND_ON_LUA}
 return {1, head, second, granted}

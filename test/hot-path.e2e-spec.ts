@@ -1,0 +1,93 @@
+/**
+ * What an uncontended lock costs Redis (issue 22, "The hot path pays nothing for contention"):
+ * counted with `INFO commandstats` on a redis-server of the suite's own, which counts every command
+ * a script calls as well as the EVALSHA itself. Nothing here is timed: the counts are exact.
+ *
+ * One tryLock + release on a free lock that nobody waits for is 9 commands: the acquisition's
+ * EVALSHA, one EXISTS of the lock and its line together, TIME and one SET ... GET for the fencing
+ * token, HSET and PEXPIRE for the hold; the release's EVALSHA, one HDEL (owner check and drop)
+ * and one EXISTS of the key and its line. No PUBLISH (nobody listens), no second key per hold.
+ */
+import { Injectable } from '@nestjs/common';
+import type { Redis } from 'ioredis';
+import { DisLock } from 'nestjs-dislock';
+import { FENCE_MARKER } from '../lib/store/redis/fence-key';
+import { createTestApp, type TestApp } from './support/app';
+import { RedisServer } from './support/redis-server';
+
+const CYCLES = 200;
+
+/** The commands of one uncontended tryLock + release, by name. */
+const ONE_CYCLE = { evalsha: 2, exists: 2, time: 1, set: 1, hset: 1, pexpire: 1, hdel: 1 };
+
+@Injectable()
+class Orders {
+  @DisLock({ key: 'order:{0}', expire: 10_000 })
+  async pay(_id: number): Promise<string> {
+    return 'paid';
+  }
+}
+
+/** Calls per command since the last `CONFIG RESETSTAT`, without the ones the measurement sends. */
+async function commandCalls(redis: Redis): Promise<Record<string, number>> {
+  const calls: Record<string, number> = {};
+  for (const line of (await redis.info('commandstats')).split('\r\n')) {
+    const match = /^cmdstat_([^:]+):calls=(\d+),/.exec(line);
+    if (match && !/^(config|info)/.test(match[1])) calls[match[1]] = Number(match[2]);
+  }
+  return calls;
+}
+
+const times = (per: Record<string, number>, n: number): Record<string, number> =>
+  Object.fromEntries(Object.entries(per).map(([command, calls]) => [command, calls * n]));
+
+describe('the uncontended hot path', () => {
+  let server: RedisServer;
+  let redis: Redis;
+  let t: TestApp;
+
+  beforeAll(async () => {
+    server = await RedisServer.start();
+    redis = server.client();
+    t = await createTestApp([Orders], { redis: server.url, telemetry: false });
+    // Load the scripts (the first call of each meets NOSCRIPT and sends EVAL).
+    await (await t.locks.tryLock('warm-up', { expire: 10_000 }))?.release();
+    await t.get(Orders).pay(0);
+  });
+
+  afterAll(async () => {
+    await t?.close();
+    redis?.disconnect();
+    await server?.stop();
+  });
+
+  it(`one tryLock + release costs ${Object.values(ONE_CYCLE).reduce((a, b) => a + b)} Redis commands, no PUBLISH among them`, async () => {
+    await redis.config('RESETSTAT');
+    for (let i = 0; i < CYCLES; i += 1) {
+      const handle = await t.locks.tryLock(`cycle:${i}`, { expire: 10_000 });
+      expect(handle).not.toBeNull();
+      expect(await handle?.release()).toBe(true);
+    }
+    expect(await commandCalls(redis)).toEqual(times(ONE_CYCLE, CYCLES));
+    expect(await redis.keys(`${t.prefix}cycle:*`)).toEqual([]);
+  });
+
+  it('an @DisLock method costs the same', async () => {
+    await redis.config('RESETSTAT');
+    for (let i = 1; i <= CYCLES; i += 1) expect(await t.get(Orders).pay(i)).toBe('paid');
+    expect(await commandCalls(redis)).toEqual(times(ONE_CYCLE, CYCLES));
+  });
+
+  it('a held lock is one key in Redis: its hold and its description in one hash', async () => {
+    const handles = await Promise.all(
+      Array.from({ length: 100 }, (_, i) => t.locks.lock(`held:${i}`, { expire: 10_000 })),
+    );
+    try {
+      const keys = (await redis.keys(`${t.prefix}*`)).filter((key) => !key.includes(FENCE_MARKER));
+      expect(keys.sort()).toEqual(handles.map((handle) => handle.key).sort());
+      for (const key of keys.slice(0, 5)) expect(await redis.type(key)).toBe('hash');
+    } finally {
+      await Promise.all(handles.map((handle) => handle.release()));
+    }
+  });
+});
