@@ -247,14 +247,14 @@ describe('grants: a release hands the lock to the head of its line', () => {
 
       it('a permit freed while others hold names the head and the second; the head leaving names the next; nobody else is told', async () => {
         const [A, B, C] = [sharedWaiterId(), sharedWaiterId(), sharedWaiterId()];
-        expect((await acquireShared('p1', '', 2))[0]).toBe(1);
-        expect((await acquireShared('p2', '', 2))[0]).toBe(1);
-        for (const waiter of [A, B, C]) expect((await acquireShared(`attempt-of-${waiter}`, waiter, 2))[0]).toBe(0);
+        expect((await acquireShared('sp1', '', 2))[0]).toBe(1);
+        expect((await acquireShared('sp2', '', 2))[0]).toBe(1);
+        for (const waiter of [A, B, C]) expect((await acquireShared(`s-attempt-of-${waiter}`, waiter, 2))[0]).toBe(0);
         expect((await line()).order).toEqual([A, B, C]);
         const channel = await listen();
         try {
-          expect(await release('p1')).toEqual([1, A, B, '']);
-          expect(Object.keys(await holdsOf(redis, k.key))).toEqual(['p2']); // nothing granted
+          expect(await release('sp1')).toEqual([1, A, B, '']);
+          expect(Object.keys(await holdsOf(redis, k.key))).toEqual(['sp2']); // nothing granted
           expect((await line()).order).toEqual([A, B, C]); // the head takes its permit itself
           // C gives up: it headed nothing, nobody needs to hear of it.
           expect(await leave(C)).toBe(0);
@@ -263,7 +263,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
           expect(await eventually(() => channel.messages.length === 2, 1_000)).toBe(true);
           expect(channel.messages).toEqual([`${NOTICE}:${A}:${B}:`, `${NOTICE}:${B}::`]);
           // B takes the free permit; the semaphore is full again: nothing more is announced.
-          expect((await acquireShared(`attempt-of-${B}`, B, 2))[0]).toBe(1);
+          expect((await acquireShared(`s-attempt-of-${B}`, B, 2))[0]).toBe(1);
           expect(await line()).toEqual({ order: [], deadlines: [] });
           await sleep(50);
           expect(channel.messages).toHaveLength(2);
@@ -275,7 +275,7 @@ describe('grants: a release hands the lock to the head of its line', () => {
       it('a writer’s release with a reader at the head deletes the key and names the reader: no grant, no token', async () => {
         const [R1, R2] = [sharedWaiterId(), sharedWaiterId()];
         expect((await acquire('writer', 10_000, ''))[0]).toBe(1);
-        for (const waiter of [R1, R2]) expect((await acquireShared(`attempt-of-${waiter}`, waiter, 0))[0]).toBe(0);
+        for (const waiter of [R1, R2]) expect((await acquireShared(`s-attempt-of-${waiter}`, waiter, 0))[0]).toBe(0);
         const channel = await listen();
         try {
           expect(await release('writer')).toEqual([1, R1, R2, '']);
@@ -283,12 +283,12 @@ describe('grants: a release hands the lock to the head of its line', () => {
           expect(await eventually(() => channel.messages.length === 1, 1_000)).toBe(true);
           expect(channel.messages).toEqual([`${NOTICE}:${R1}:${R2}:`]);
           // The head takes its read turn, and names the next reader, who may join it.
-          expect((await acquireShared(`attempt-of-${R1}`, R1, 0))[0]).toBe(1);
+          expect((await acquireShared(`s-attempt-of-${R1}`, R1, 0))[0]).toBe(1);
           expect(await eventually(() => channel.messages.length === 2, 1_000)).toBe(true);
           expect(channel.messages[1]).toBe(`${NOTICE}:${R2}::`);
-          expect((await acquireShared(`attempt-of-${R2}`, R2, 0))[0]).toBe(1);
+          expect((await acquireShared(`s-attempt-of-${R2}`, R2, 0))[0]).toBe(1);
           expect(Object.keys(await holdsOf(redis, k.key)).sort()).toEqual(
-            [`attempt-of-${R1}`, `attempt-of-${R2}`].sort(),
+            [`s-attempt-of-${R1}`, `s-attempt-of-${R2}`].sort(),
           );
         } finally {
           channel.stop();

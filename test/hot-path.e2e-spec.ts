@@ -3,22 +3,28 @@
  * counted with `INFO commandstats` on a redis-server of the suite's own, which counts every command
  * a script calls as well as the EVALSHA itself. Nothing here is timed: the counts are exact.
  *
- * One tryLock + release on a free lock that nobody waits for is 9 commands: the acquisition's
+ * One tryLock + release on a free lock that nobody waits for is 8 commands: the acquisition's
  * EVALSHA, one EXISTS of the lock and its line together, TIME and one SET ... GET for the fencing
- * token, HSET and PEXPIRE for the hold; the release's EVALSHA, one HDEL (owner check and drop)
- * and one EXISTS of the key and its line. No PUBLISH (nobody listens), no second key per hold.
+ * token, HSET and PEXPIRE for the hold; the release's EVALSHA and one HDEL, which checks the owner,
+ * drops the hold and its description, and says by its count that no waiting mark was there (see
+ * WAITING_MARK). No PUBLISH (nobody listens), no second key per hold.
+ *
+ * The waiting mark is named after its holder, so that a release by someone who no longer holds the
+ * lock (lost, released late) cannot drop the mark of the one who does: that holder's release must
+ * still hand the lock to the waiter behind it at once.
  */
 import { Injectable } from '@nestjs/common';
 import type { Redis } from 'ioredis';
 import { DisLock } from 'nestjs-dislock';
 import { FENCE_MARKER } from '../lib/store/redis/fence-key';
+import { WAITING_MARK } from '../lib/store/redis/scripts/line.lua';
 import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
 
 const CYCLES = 200;
 
 /** The commands of one uncontended tryLock + release, by name. */
-const ONE_CYCLE = { evalsha: 2, exists: 2, time: 1, set: 1, hset: 1, pexpire: 1, hdel: 1 };
+const ONE_CYCLE = { evalsha: 2, exists: 1, time: 1, set: 1, hset: 1, pexpire: 1, hdel: 1 };
 
 @Injectable()
 class Orders {
@@ -88,6 +94,39 @@ describe('the uncontended hot path', () => {
       for (const key of keys.slice(0, 5)) expect(await redis.type(key)).toBe('hash');
     } finally {
       await Promise.all(handles.map((handle) => handle.release()));
+    }
+  });
+
+  it('a late release by a former holder leaves the waiting mark of the present one, whose release hands the lock on at once', async () => {
+    const other = await createTestApp([], { redis: server.url, keyPrefix: t.prefix, telemetry: false });
+    const listener = server.client();
+    try {
+      const name = 'marked';
+      const key = `${t.prefix}${name}`;
+      const former = await t.locks.lock(name, { expire: 30_000 });
+      await t.locks.forceUnlock(name); // lost by `former`, who does not know yet
+      const present = await other.locks.lock(name, { expire: 30_000 });
+      const waiting = new Promise<void>((resolve) => t.locks.on('waiting', () => resolve()));
+      const waiter = t.locks.lock(name, { expire: 30_000, waitTime: 20_000 });
+      await waiting; // its attempt took its place, and marked the present hold
+      expect(await redis.hget(key, `${WAITING_MARK}${present.owner}`)).toBe('1');
+
+      expect(await former.release()).toBe(false);
+      expect(await redis.hget(key, `${WAITING_MARK}${present.owner}`)).toBe('1');
+
+      const announced: string[] = [];
+      listener.on('message', (_channel: string, message: string) => announced.push(message));
+      await listener.subscribe(key);
+      expect(await present.release()).toBe(true);
+      const next = await waiter;
+      // The release granted the lock to the waiter's line, and said so (a token in the announcement).
+      expect(announced).toHaveLength(1);
+      expect(Number(announced[0].split(':').at(-1))).toBe(next.fencingToken);
+      expect(await next.release()).toBe(true);
+      expect(await redis.exists(key)).toBe(0);
+    } finally {
+      listener.disconnect();
+      await other.close();
     }
   });
 });

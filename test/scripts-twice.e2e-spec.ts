@@ -81,12 +81,12 @@ const LEASE = {
   oW1: 80_000,
   oW2: 85_000,
   oW3: 75_000,
-  oR1: 50_000,
-  oR2: 40_000,
-  oR3: 35_000,
-  oP0: 25_000,
-  oP1: 55_000,
-  oP2: 45_000,
+  soR1: 50_000,
+  soR2: 40_000,
+  soR3: 35_000,
+  soP0: 25_000,
+  soP1: 55_000,
+  soP2: 45_000,
   /** A waiter's attempts that are refused: never a hold. */
   attempt: 30_000,
 } as const;
@@ -153,7 +153,7 @@ local message, sharded, grant = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if redis.call('type', key).ok ~= 'hash' then return {} end
 local removed = redis.call('hgetall', key)
 redis.call('del', key)
-${HAND_ON_LUA}
+${HAND_ON_LUA('true')}
 return removed
 `,
 );
@@ -669,13 +669,14 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
           await keepPlaces(k);
           await release(k, 'oA'); // a reader heads the line: named to look, granted nothing
         },
-        call: (k) => store.acquire(k.lock, 'oR2', LEASE.oR2, { share: 0, waiter: 'sR2', describe: described('oR2') }),
+        call: (k) =>
+          store.acquire(k.lock, 'soR2', LEASE.soR2, { share: 0, waiter: 'sR2', describe: described('soR2') }),
         reissues: true,
       };
       const p = await judge(c);
       expect(p.once).toMatchObject({ acquired: true });
       expect(p.twice).toMatchObject({ acquired: true });
-      expect([...p.after.hash.keys()]).toEqual(['oR2']);
+      expect([...p.after.hash.keys()]).toEqual(['soR2']);
       expect(p.after.line).toEqual(['w3']);
       // Named to look by the first run (HEAD_TURN_LUA): the re-sent copy does not move its deadline.
       expect(p.after.deadlines.get('w3')).toBe(p.first.deadlines.get('w3'));
@@ -687,14 +688,14 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
     it('a reader joining another: two shared holds, each with its own lease', async () => {
       const c: Case<AcquireResult> = {
         script: ACQUIRE_SHARED_SCRIPT,
-        scene: (k) => share(k, 'oR1'),
-        call: (k) => store.acquire(k.lock, 'oR2', LEASE.oR2, { share: 0, describe: described('oR2') }),
+        scene: (k) => share(k, 'soR1'),
+        call: (k) => store.acquire(k.lock, 'soR2', LEASE.soR2, { share: 0, describe: described('soR2') }),
         reissues: true,
       };
       const p = await judge(c);
       expect(p.twice).toMatchObject({ acquired: true });
-      expect([...p.after.hash.keys()].sort()).toEqual(['oR1', 'oR2']);
-      expect(p.after.pttl).toBeGreaterThan(LEASE.oR1 - SLACK_MS); // the latest lease, oR1's
+      expect([...p.after.hash.keys()].sort()).toEqual(['soR1', 'soR2']);
+      expect(p.after.pttl).toBeGreaterThan(LEASE.soR1 - SLACK_MS); // the latest lease, soR1's
       expect(p.twice.acquired && p.twice.token).toBe(p.after.fence); // the latest token, as for acquire
     });
 
@@ -702,14 +703,15 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       const c: Case<AcquireResult> = {
         script: ACQUIRE_SHARED_SCRIPT,
         scene: async (k) => {
-          await share(k, 'oP0', 2);
-          await share(k, 'oP1', 2);
+          await share(k, 'soP0', 2);
+          await share(k, 'soP1', 2);
           await queue(k, 'sP2', 2);
           await queue(k, 'sP3', 2);
           await keepPlaces(k);
-          await release(k, 'oP0'); // a permit is free: sP2, at the head, is named to look
+          await release(k, 'soP0'); // a permit is free: sP2, at the head, is named to look
         },
-        call: (k) => store.acquire(k.lock, 'oP2', LEASE.oP2, { share: 2, waiter: 'sP2', describe: described('oP2') }),
+        call: (k) =>
+          store.acquire(k.lock, 'soP2', LEASE.soP2, { share: 2, waiter: 'sP2', describe: described('soP2') }),
         reissues: true,
       };
       const p = await judge(c);
@@ -717,7 +719,7 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       // Two permits are held when the copy comes, one of them the caller's own: "taken", not "busy"
       // (which would leave a hold in Redis that its caller never heard of).
       expect(p.twice).toMatchObject({ acquired: true });
-      expect([...p.after.hash.keys()].sort()).toEqual(['oP1', 'oP2']);
+      expect([...p.after.hash.keys()].sort()).toEqual(['soP1', 'soP2']);
       expect(p.after.line).toEqual(['sP3']);
       expect(p.twice.acquired && p.twice.token).toBe(p.after.fence);
       expect(p.after.fence).toBeGreaterThan(p.first.fence);
@@ -767,19 +769,19 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       const c: Case<ReleaseResult> = {
         script: RELEASE_SCRIPT,
         scene: async (k) => {
-          await share(k, 'oR1');
-          await share(k, 'oR2');
+          await share(k, 'soR1');
+          await share(k, 'soR2');
           await queue(k, 'w3');
           await keepPlaces(k);
         },
-        call: (k) => store.release(k.lock, 'oR1'),
+        call: (k) => store.release(k.lock, 'soR1'),
       };
       const p = await judge(c);
       expect(p.once).toBe('released');
       expect(p.twice).toBe('released');
-      expect([...p.after.hash.keys()]).toEqual(['oR2']);
+      expect([...p.after.hash.keys()]).toEqual(['soR2']);
       expect(p.after.line).toEqual(['w3']);
-      expect(p.after.pttl).toBeLessThanOrEqual(LEASE.oR2);
+      expect(p.after.pttl).toBeLessThanOrEqual(LEASE.soR2);
     });
   });
 
@@ -804,14 +806,14 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       const p = await judge<Renewed>({
         script: RENEW_SCRIPT,
         scene: async (k) => {
-          await share(k, 'oR1');
-          await share(k, 'oR2');
+          await share(k, 'soR1');
+          await share(k, 'soR2');
         },
-        call: (k) => store.renew([{ key: k.lock, owner: 'oR2', leaseMs: 90_000 }]),
+        call: (k) => store.renew([{ key: k.lock, owner: 'soR2', leaseMs: 90_000 }]),
       });
       expect(p.twice).toEqual([true]);
-      expect(Number(p.after.hash.get('oR2')) - p.after.at).toBeGreaterThan(90_000 - SLACK_MS);
-      expect(Number(p.after.hash.get('oR1')) - p.after.at).toBeLessThanOrEqual(LEASE.oR1);
+      expect(Number(p.after.hash.get('soR2')) - p.after.at).toBeGreaterThan(90_000 - SLACK_MS);
+      expect(Number(p.after.hash.get('soR1')) - p.after.at).toBeLessThanOrEqual(LEASE.soR1);
     });
 
     it('an exact lease, shorter (an exclusive hold ending before lockAtLeastFor): set once, not shortened again', async () => {
@@ -829,14 +831,14 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       const p = await judge<Renewed>({
         script: RENEW_SCRIPT,
         scene: async (k) => {
-          await share(k, 'oR1');
-          await share(k, 'oR2');
+          await share(k, 'soR1');
+          await share(k, 'soR2');
         },
-        call: (k) => store.renew([{ key: k.lock, owner: 'oR1', leaseMs: 10_000, exact: true }]),
+        call: (k) => store.renew([{ key: k.lock, owner: 'soR1', leaseMs: 10_000, exact: true }]),
       });
       expect(p.twice).toEqual([true]);
-      expect(Number(p.after.hash.get('oR1')) - p.after.at).toBeLessThanOrEqual(10_000);
-      expect(p.after.pttl).toBeGreaterThan(LEASE.oR2 - 2 * SLACK_MS);
+      expect(Number(p.after.hash.get('soR1')) - p.after.at).toBeLessThanOrEqual(10_000);
+      expect(p.after.pttl).toBeGreaterThan(LEASE.soR2 - 2 * SLACK_MS);
     });
 
     // One owner per call: a renewal call never names one key twice (see `distinctBatches`).
@@ -910,7 +912,8 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       });
       expect(fields(p.after)).toEqual({ oA: '1' });
       expect(p.after.line).toEqual(['w1', 'w3']);
-      expect([...p.after.info.keys()].sort()).toEqual(['oA']);
+      // oA's description, and its waiting mark (the waiters that joined behind it set it; one leaving leaves it)
+      expect([...p.after.info.keys()].sort()).toEqual(['oA', '~oA']);
     });
 
     it('the head of a held lock: the next is named to look once', async () => {
@@ -945,8 +948,8 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
 
     /** Readers hold, a writer waits, a reader waits behind it. */
     const sharedScene = async (k: LockKeys): Promise<void> => {
-      await share(k, 'oR1');
-      await share(k, 'oR2');
+      await share(k, 'soR1');
+      await share(k, 'soR2');
       await queue(k, 'w3');
       await queue(k, 'sR4', 0);
       await keepPlaces(k);
@@ -978,7 +981,7 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       script: FORCE_UNLOCK_SCRIPT,
       scene: readerHeadScene,
       call: (k) => store.forceUnlock(k.lock),
-      between: async (k) => void (await takeUp(k, 'sR3', 'oR3', 0)),
+      between: async (k) => void (await takeUp(k, 'sR3', 'soR3', 0)),
     };
 
     /** The same case, the old script run through another client behind the proxy (no inspect first). */
@@ -1033,13 +1036,13 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
         scene: sharedScene,
         call: (k) => store.forceUnlock(k.lock),
       });
-      expect(owners(pending.twice)).toEqual(['oR1', 'oR2']);
+      expect(owners(pending.twice)).toEqual(['soR1', 'soR2']);
       expect(pending.twice.every((hold) => !hold.exclusive)).toBe(true);
       expect(fields(pending.after)).toEqual({ [`w3:${grantOf(pending.first, 'w3')}`]: '0' });
       expect(pending.after.line).toEqual(['sR4']);
 
       const takenUp = await judge(heldByW3);
-      expect(owners(takenUp.twice)).toEqual(['oR1', 'oR2']);
+      expect(owners(takenUp.twice)).toEqual(['soR1', 'soR2']);
       expect(fields(takenUp.after)).toEqual({ oW3: '1' });
       expect(takenUp.after.line).toEqual(['sR4']);
     });
@@ -1056,16 +1059,16 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
     it('a reader heading the line takes its turn before the copy comes: its shared hold survives, the writer behind it still waits', async () => {
       const p = await judge(heldByR3);
       expect(owners(p.twice)).toEqual(['oA']);
-      expect([...p.after.hash.keys()]).toEqual(['oR3']);
+      expect([...p.after.hash.keys()]).toEqual(['soR3']);
       expect(p.after.line).toEqual(['w4']);
     });
 
     it('control: the old script, re-sent, drops that reader: the lock goes to the writer, or is free, while the reader is inside', async () => {
       const p = await play(withOldScript(heldByR3));
-      expect([...p.control.hash.keys()]).toEqual(['oR3']);
-      // Its re-sent copy drops oR3 and hands the lock on: granted to w4, or free if w4's place lapsed
+      expect([...p.control.hash.keys()]).toEqual(['soR3']);
+      // Its re-sent copy drops soR3 and hands the lock on: granted to w4, or free if w4's place lapsed
       // while the copy was held back (nobody here refreshes it after the reader named it to look).
-      expect(p.after.hash.has('oR3')).toBe(false);
+      expect(p.after.hash.has('soR3')).toBe(false);
       expect([...p.after.hash.values()].every((value) => value === '0')).toBe(true);
       expect(
         differences(p.after, p.control, { tokens: 'hidden', since: [p.before.at, p.controlBefore.at] }),
@@ -1113,13 +1116,13 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       const reader = await judge<Checked>({
         script: CHECK_SCRIPT,
         scene: async (k) => {
-          await share(k, 'oR1');
-          await share(k, 'oR2');
+          await share(k, 'soR1');
+          await share(k, 'soR2');
         },
-        call: (k) => store.check(k.lock, 'oR2'),
+        call: (k) => store.check(k.lock, 'soR2'),
       });
       expect(reader.twice.held).toBe(true);
-      expect(reader.twice.ttl).toBeLessThanOrEqual(LEASE.oR2);
+      expect(reader.twice.ttl).toBeLessThanOrEqual(LEASE.soR2);
       expectSameCheck(reader.twice, reader.once);
 
       const gone = await judge<Checked>({
@@ -1162,15 +1165,15 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       const p = await judge<StoredLock>({
         script: INSPECT_SCRIPT,
         scene: async (k) => {
-          await share(k, 'oR1');
-          await share(k, 'oR2');
+          await share(k, 'soR1');
+          await share(k, 'soR2');
           await queue(k, 'w3');
           await keepPlaces(k);
         },
         call: (k) => store.inspect(k.lock),
       });
       expect(p.twice).toMatchObject({ held: true, waiting: 1 });
-      expect(p.twice.holds.map((hold) => hold.owner).sort()).toEqual(['oR1', 'oR2']);
+      expect(p.twice.holds.map((hold) => hold.owner).sort()).toEqual(['soR1', 'soR2']);
       expectSameInspection(p.twice, p.once);
     });
 

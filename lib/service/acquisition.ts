@@ -253,14 +253,15 @@ export class Acquisition implements Attempter {
     seat?: LineSeat,
     until?: number,
   ): Promise<Handle | number> {
-    const owner = this.ownerIds.next();
+    const share = shareOf(options);
+    const owner = this.ownerIds.next(share !== undefined);
     const lease = leaseOf(options);
     const sentAt = now();
     let result;
     try {
       result = await this.store.acquire(key, owner, lease, {
         waiter: seat?.id,
-        share: shareOf(options),
+        share,
         describe: this.describe(options),
         retryUntil: until,
       });

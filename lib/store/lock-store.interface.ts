@@ -162,6 +162,10 @@ export interface LockStore {
    * `key`. `check`, `renew` and `release` treat both kinds alike; a release of a shared hold
    * leaves the others in place. Refused (`ttl`): the holder's remaining lease, or with shared
    * holds in the way the time until the first of their leases ends.
+   *
+   * The id says the kind: a shared hold's `owner` starts with `SHARED_OWNER_PREFIX` (`s`) and an
+   * exclusive one's never does (`OwnerIds` makes them so), so that a store can release either
+   * without first reading which it is. A store may refuse an id of the wrong kind.
    */
   acquire(key: string, owner: string, leaseMs: number, options?: AcquireOptions): Promise<AcquireResult>;
   /**

@@ -143,7 +143,7 @@ export class AccessProbe {
     const releasedNext = await release(`${this.owner}2`);
     expectReply('release', Array.isArray(releasedNext), releasedNext);
     // Shared holds (readers, permits): two of at most two, renewed, checked and released.
-    for (const shared of [`${this.owner}s1`, `${this.owner}s2`]) {
+    for (const shared of [`s${this.owner}1`, `s${this.owner}2`]) {
       const taken = (await this.bounded(
         ACQUIRE_SHARED_SCRIPT.run(
           this.client,
@@ -154,10 +154,10 @@ export class AccessProbe {
       expectReply('acquire-shared', taken[0] === 1, taken);
     }
     const sharedRenewed = (await this.bounded(
-      RENEW_SCRIPT.run(this.client, [this.key], [`${this.owner}s1`, -lease]),
+      RENEW_SCRIPT.run(this.client, [this.key], [`s${this.owner}1`, -lease]),
     )) as number[];
     expectReply('renew (shared)', sharedRenewed[0] === 1, sharedRenewed);
-    for (const shared of [`${this.owner}s1`, `${this.owner}s2`]) {
+    for (const shared of [`s${this.owner}1`, `s${this.owner}2`]) {
       const freed = await release(shared);
       expectReply('release (shared)', Array.isArray(freed) && freed[0] === 1, freed);
     }

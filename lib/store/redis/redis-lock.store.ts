@@ -1,6 +1,7 @@
 import { AsyncResource } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 import type { ChainableCommander, Cluster, Redis } from 'ioredis';
+import { SHARED_OWNER_PREFIX } from '../../core/owner-ids';
 import { describeError } from '../../errors/describe-error';
 import { Logger } from '@nestjs/common';
 import { checkRedisAccess } from './access.check';
@@ -167,6 +168,8 @@ export class RedisLockStore implements LockStore {
   readonly boundsShares = true;
   /** Fencing counters and lines of waiters live under the module's key prefix too. */
   readonly reservedPrefixes = [FENCE_MARKER, LINE_MARKER];
+  /** The release script's flag for announcing releases that nobody waits for (see the constructor). */
+  private readonly announceAlways: number;
   /** The scripts' flag for announcing with SPUBLISH (1, on a Cluster) or PUBLISH (0). */
   private readonly sharded: number;
   /** The client's own ioredis keyPrefix: part of every key's name as Redis sees it, slot included. */
@@ -213,7 +216,13 @@ export class RedisLockStore implements LockStore {
      * up to `operationTimeout`, for a reconnection.
      */
     private readonly whenDisconnected: 'fail' | 'wait' = 'fail',
+    /**
+     * Announce every release, even with nobody in the lock's line (which the scripts otherwise skip):
+     * for a Redlock node, whose waiters keep no place in a line and listen for every release.
+     */
+    announceEveryRelease = false,
   ) {
+    this.announceAlways = announceEveryRelease ? 1 : 0;
     slotTag(0); // build the slot table now rather than on the first acquisition
     this.echoes = new ReleaseEchoes(this.id);
     this.releases = new ReleaseSubscriber(client, (operation) => this.bounded(operation), this.echoes, GRANT_MS);
@@ -228,6 +237,12 @@ export class RedisLockStore implements LockStore {
 
   async acquire(key: string, owner: string, leaseMs: number, options: AcquireOptions = {}): Promise<AcquireResult> {
     const { waiter, share, describe } = options;
+    // The release script reads the hold's kind from its owner id (see `OwnerIds`).
+    if (owner.startsWith(SHARED_OWNER_PREFIX) !== (share !== undefined)) {
+      throw new Error(
+        `Owner id "${owner}" does not say its hold's kind: a shared hold's id starts with "${SHARED_OWNER_PREFIX}", an exclusive one's never does`,
+      );
+    }
     const migration: Migration = {};
     const pending = this.send(
       share === undefined ? ACQUIRE_SCRIPT : ACQUIRE_SHARED_SCRIPT,
@@ -302,7 +317,13 @@ export class RedisLockStore implements LockStore {
     const connection = this.connections;
     let reply: unknown;
     try {
-      reply = await this.run(RELEASE_SCRIPT, this.lineScriptKeys(key), [owner, message, this.sharded, GRANT_MS]);
+      reply = await this.run(RELEASE_SCRIPT, this.lineScriptKeys(key), [
+        owner,
+        message,
+        this.sharded,
+        GRANT_MS,
+        this.announceAlways,
+      ]);
     } catch (error) {
       // It may have run (the reply was lost or is late): its announcement, if it comes back, wakes
       // the local waiters then.

@@ -49,7 +49,8 @@ export class RedlockNodeConnection {
     // checkRedlock refuses a Cluster for a node: every node is a plain Redis client.
     this.client = client as Redis;
     this.label = nodeLabel(this.client);
-    this.store = new RedisLockStore(client, owned, operationTimeout, keyPrefix, undefined, whenDisconnected);
+    // Redlock's waiters keep no place in a line: every release is announced for them.
+    this.store = new RedisLockStore(client, owned, operationTimeout, keyPrefix, undefined, whenDisconnected, true);
     this.client.on('error', this.onError);
     this.client.on('ready', this.onReady);
   }

@@ -6,6 +6,7 @@ import {
   NEXT_TOKEN_LUA,
   PUBLISH_LUA,
   TAKE_PLACE_LUA,
+  WAITING_MARK,
 } from './line.lua';
 import { LuaScript } from './lua-script';
 
@@ -76,6 +77,8 @@ for i = 1, #holders, 2 do
   elseif ends == 0 and waiter ~= '' and string.sub(field, 1, #waiter + 1) == waiter .. ':' then
     granted = field
   elseif ends <= 1 then
+    -- an exclusive hold (or a grant): a waiter marks it, so that its release hands on (WAITING_MARK)
+    if waiter ~= '' then redis.call('hset', key, '${WAITING_MARK}' .. field, 1) end
     return busy(redis.call('pttl', key))
   elseif ends <= ms then
     lapsed[#lapsed + 1] = field
@@ -96,7 +99,7 @@ if not again and not granted then
   end
 end
 if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
-if granted then redis.call('hdel', key, granted) end
+if granted then redis.call('hdel', key, granted, '${WAITING_MARK}' .. granted) end
 ${NEXT_TOKEN_LUA}
 local ends = ms + lease
 hold(owner, ends, string.format('%.0f', token))

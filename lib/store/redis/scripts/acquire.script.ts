@@ -6,6 +6,7 @@ import {
   HOLD_LUA,
   NEXT_TOKEN_LUA,
   TAKE_PLACE_LUA,
+  WAITING_MARK,
 } from './line.lua';
 import { LuaScript } from './lua-script';
 
@@ -78,12 +79,15 @@ if not free and mine ~= 1 then
     ${FIND_GRANT_LUA}
     if grant_field then
       local granted = string.sub(grant_field, #waiter + 2)
-      redis.call('hdel', key, grant_field)
-      hold(owner, 1, granted)
+      -- the grant's waiting mark, if it had one, passes to the hold (see WAITING_MARK)
+      redis.call('hdel', key, grant_field, '${WAITING_MARK}' .. grant_field)
+      hold(owner, 1, granted, marked)
       redis.call('pexpire', key, ARGV[2])
       return {1, tonumber(granted)}
     end
     take_place()
+    -- the exclusive holder's release then knows that someone waits (see WAITING_MARK)
+    if holder and not marked then redis.call('hset', key, '${WAITING_MARK}' .. holder, 1) end
   end
   return {0, redis.call('pttl', key)}
 end
@@ -103,9 +107,11 @@ if free and redis.call('exists', line) == 1 then
     redis.call('zrem', deadlines, waiter)
   end
 end
+-- (others still in the line: the hold carries the waiting mark, see WAITING_MARK)
+local waited = free and redis.call('exists', line) == 1
 ${NEXT_TOKEN_LUA}
 -- (not free: a re-sent copy of this call, see below; its description gets the new token)
-hold(owner, 1, string.format('%.0f', token))
+hold(owner, 1, string.format('%.0f', token), waited)
 if free then redis.call('pexpire', key, ARGV[2]) end
 return {1, token}
 `,

@@ -1,12 +1,13 @@
-import { HAND_ON_LUA, SHARED_DROPPED_LUA } from './line.lua';
+import { HAND_ON_LUA, SHARED_DROPPED_LUA, WAITING_MARK } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
  * force-unlock: an operator frees a lock from the holds it found there (read first, by the
  * inspect script). Each named hold still in the lock hash is dropped (its holder learns it at its
  * next renewal, which finds it gone), with its description; once no hold is left, the lock goes to
- * the head of its line, or is announced free, as a release does. A shared hold dropped while
- * others remain is announced as a release of one is.
+ * the head of its line, or is announced free (even with nobody in the line: it is rare, and a
+ * waiter that keeps no place, a Redlock one, hears it at once). A shared hold dropped while others
+ * remain is announced as a release of one is.
  *
  * KEYS[1]  the lock hash
  * KEYS[2]  the fencing counter of its hash slot
@@ -34,16 +35,16 @@ for i = 4, #ARGV do
   local value = redis.call('hget', key, owner)
   if value then
     if tonumber(value) > 1 then shared = true end
-    redis.call('hdel', key, owner, '=' .. owner)
+    redis.call('hdel', key, owner, '=' .. owner, '${WAITING_MARK}' .. owner)
     dropped[#dropped + 1] = owner
   end
 end
 if #dropped == 0 then return dropped end
 if shared then
-  ${SHARED_DROPPED_LUA('dropped')}
+  ${SHARED_DROPPED_LUA('dropped', 'true')}
 end
 redis.call('del', key)
-${HAND_ON_LUA}
+${HAND_ON_LUA('true')}
 return dropped
 `,
 );

@@ -1,4 +1,18 @@
 /**
+ * Someone waits behind an exclusive hold: the field `=~<holder>` (a DESCRIPTION_MARK field, so
+ * every script that reads holds skips it), valued 1, set by a waiter that takes its place in the
+ * line of a lock held exclusively (or granted), by a grant made with others behind its head, and by
+ * a hold taken from the line while others remain in it. It lets the release of an exclusive hold
+ * learn from its one HDEL (the hold, its description and this mark: 3 fields, or 2 with nobody
+ * waiting) whether anyone waits, instead of asking the line with one more command every time.
+ * Named after its holder, so that a release by anyone else (a lock lost and released late, a
+ * re-sent release) never drops another holder's mark. A mark that outlives the waiters behind it
+ * (their places lapsed) only sends that release the longer way, which finds the line empty.
+ * Shared holds carry no mark: their release always looks at the line.
+ */
+export const WAITING_MARK = '=~';
+
+/**
  * After `redis.pcall` on a key that may hold another type: a WRONGTYPE error means "not a lock of
  * ours" (the caller goes on); any other error (an ACL refusal, say) fails the script with it, so
  * that it is not mistaken for that.
@@ -158,8 +172,13 @@ if head ~= '' and string.sub(head, 1, 1) ~= 's' then
   local now = redis.call('time')
   ${NEXT_TOKEN_LUA}
   granted = string.format('%.0f', token)
-  -- The key was deleted or never existed: the grant is its only field (see FIND_GRANT_LUA).
-  redis.call('hset', key, head .. ':' .. granted, 0)
+  -- The key was deleted or never existed: the grant is its only hold (see FIND_GRANT_LUA); with
+  -- others behind the head, it carries the waiting mark (see WAITING_MARK).
+  if second ~= '' then
+    redis.call('hset', key, head .. ':' .. granted, 0, '${WAITING_MARK}' .. head .. ':' .. granted, 1)
+  else
+    redis.call('hset', key, head .. ':' .. granted, 0)
+  end
   redis.call('pexpire', key, grant)
   redis.call('zrem', line, head)
   redis.call('zrem', deadlines, head)
@@ -193,15 +212,16 @@ end
 /**
  * Shared holds were just dropped from `key`: settle the others (SETTLE_SHARED_LUA); while some
  * remain, announce the room left to the head of the line (who looks at once) and the second (who
- * looks once the head's turn has passed), if there is a line, and return `result`. Expects SETTLE_SHARED_LUA's and
+ * looks once the head's turn has passed), if there is a line (or `always`, a Lua expression, is
+ * true), and return `result`. Expects SETTLE_SHARED_LUA's and
  * LINE_HEAD_LUA's locals but `ms`, which it sets.
  */
-export const SHARED_DROPPED_LUA = (result: string): string => `
+export const SHARED_DROPPED_LUA = (result: string, always = 'false'): string => `
 local ms = ${SERVER_MS_LUA}
 ${SETTLE_SHARED_LUA}
 if live > 0 then
   ${LINE_HEAD_LUA}
-  if queued then
+  if queued or ${always} then
     local announcement = message .. ':' .. head .. ':' .. second .. ':'
     ${PUBLISH_LUA('announcement')}
   end
@@ -211,10 +231,11 @@ end
 
 /**
  * The lock `key` has just been freed: drop the lapsed places of its line, then hand it to the head
- * (GRANT_LUA), or announce it free. Expects GRANT_LUA's locals but `waiting`, which it sets.
+ * (GRANT_LUA), or announce it free: only if there is a line, or `always` (a Lua expression) is
+ * true. Expects GRANT_LUA's locals but `waiting`, which it sets.
  */
-export const HAND_ON_LUA = `
-local waiting = redis.call('exists', line) == 1
+export const HAND_ON_LUA = (always = 'false'): string => `
+local waiting = ${always} or redis.call('exists', line) == 1
 if waiting then
   ${DROP_LAPSED_NOW_LUA}
 end
@@ -222,17 +243,32 @@ ${GRANT_LUA}
 `;
 
 /**
- * Whether the lock hash `key` holds a grant to `waiter` that nobody has taken up yet (see
- * GRANT_LUA); sets `grant_field` to its field (`<waiter>:<token>`), or false. Expects `key` and
- * `waiter` as locals.
+ * Reads the lock hash `key` for an attempt that found it held by another owner: sets `holder` to
+ * its exclusive hold's field (a hold valued `1`, or a grant not taken up yet, `0`; false when the
+ * hash has shared holds, or is not a hash), `marked` to whether that hold carries the waiting mark
+ * (see WAITING_MARK), and `grant_field` to the holder's field when it is a grant to `waiter`
+ * (`<waiter>:<token>`, see GRANT_LUA), else false. Expects `key` and `waiter` as locals.
  */
 export const FIND_GRANT_LUA = `
-local grant_field = false
+local grant_field, holder, marked = false, false, false
 local fields = redis.pcall('hgetall', key)
 ${RAISE_UNLESS_WRONGTYPE_LUA('fields')}
-if fields and #fields == 2 and fields[2] == '0'
-  and string.sub(fields[1], 1, #waiter + 1) == waiter .. ':' then
-  grant_field = fields[1]
+if fields then
+  local holds, marks, value = 0, {}, nil
+  for i = 1, #fields, 2 do
+    local field = fields[i]
+    if string.sub(field, 1, 2) == '${WAITING_MARK}' then
+      marks[string.sub(field, 3)] = true
+    elseif string.sub(field, 1, 1) ~= '=' then
+      holds = holds + 1
+      holder, value = field, fields[i + 1]
+    end
+  end
+  if holds ~= 1 or tonumber(value) > 1 then holder = false end
+  marked = holder and marks[holder] or false
+  if holder and value == '0' and string.sub(holder, 1, #waiter + 1) == waiter .. ':' then
+    grant_field = holder
+  end
 end
 `;
 
@@ -299,19 +335,21 @@ end
 export const DESCRIPTION_MARK = '=';
 
 /**
- * Defines `hold(owner, value, token)`: set the owner's hold in the lock hash `key` to `value` (1 for
- * an exclusive hold, the end of its lease in ms for a shared one) and, when the caller sent one in
- * ARGV[infoArg], its description (see DESCRIPTION_MARK), recorded with `token`: one HSET either way.
- * Expects `key` and `now` (the script's reply of TIME) as locals.
+ * Defines `hold(owner, value, token, waited)`: set the owner's hold in the lock hash `key` to
+ * `value` (1 for an exclusive hold, the end of its lease in ms for a shared one), its description
+ * (see DESCRIPTION_MARK: what the caller sent in ARGV[infoArg], recorded with `token`; with nothing
+ * sent, only the time and token) and, when `waited`, the waiting mark (WAITING_MARK): one HSET.
+ * Every hold has its description, so that the release of an exclusive one drops exactly 2 fields
+ * when nobody waits. Expects `key` and `now` (the script's reply of TIME) as locals.
  */
 export const HOLD_LUA = (infoArg: number): string => `
-local function hold(owner, value, token)
-  local info = ARGV[${infoArg}]
-  if not info or info == '' then
-    redis.call('hset', key, owner, value)
-    return
-  end
+local function hold(owner, value, token, waited)
   local since = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('hset', key, owner, value, '=' .. owner, string.format('%.0f', since) .. '|' .. token .. '|' .. info)
+  local described = string.format('%.0f', since) .. '|' .. token .. '|' .. (ARGV[${infoArg}] or '')
+  if waited then
+    redis.call('hset', key, owner, value, '=' .. owner, described, '${WAITING_MARK}' .. owner, 1)
+  else
+    redis.call('hset', key, owner, value, '=' .. owner, described)
+  end
 end
 `;

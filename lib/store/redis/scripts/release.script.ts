@@ -1,4 +1,5 @@
-import { HAND_ON_LUA, RAISE_UNLESS_WRONGTYPE_LUA, SHARED_DROPPED_LUA } from './line.lua';
+import { SHARED_OWNER_PREFIX } from '../../../core/owner-ids';
+import { HAND_ON_LUA, RAISE_UNLESS_WRONGTYPE_LUA, SHARED_DROPPED_LUA, WAITING_MARK } from './line.lua';
 import { LuaScript } from './lua-script';
 
 /**
@@ -15,6 +16,8 @@ import { LuaScript } from './lua-script';
  * ARGV[3]  '1' on a Cluster: announce with SPUBLISH, in the key's shard, where its waiters listen;
  *          servers without sharded pub/sub (Redis < 7) fall back to PUBLISH
  * ARGV[4]  ms a grant to the head lasts before the head takes it up (see line.lua.ts)
+ * ARGV[5]  '1': announce the release even when nobody is in the line (a Redlock node's store:
+ *          Redlock's waiters keep no place in a line, and listen for every release)
  * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
  *
  * Returns 0 when the caller does not hold the lock (nothing changed), {1, head, second, token}
@@ -23,9 +26,10 @@ import { LuaScript } from './lua-script';
  * head ('' when nobody waits, or nobody is granted: a shared hold freed while others remain, or a
  * shared waiter at the head, which is named to look first).
  *
- * The uncontended path (an exclusive hold, nobody in the line) is one HDEL, which checks the owner
- * and drops the hold (and the key with its last field), and one EXISTS of the key and the line:
- * nothing is announced when nobody waits.
+ * The uncontended path (an exclusive hold that nobody waits behind) is one HDEL: it checks the
+ * owner and drops the hold with its description (and the key with its last fields), and its count
+ * says that no waiting mark was there (see WAITING_MARK): nothing else is read, nothing announced.
+ * Which kind of hold the owner has is in its id (SHARED_OWNER_PREFIX, see `OwnerIds`), not read from Redis.
  *
  * Idempotent: a re-sent copy finds the owner gone and changes nothing (it answers 0; the store
  * tells that apart from a lock lost before its release, see RedisLockStore.release). The hold
@@ -34,25 +38,32 @@ import { LuaScript } from './lua-script';
 export const RELEASE_SCRIPT = new LuaScript(
   'release',
   `
-local key, fence, line, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local message, sharded, grant = ARGV[2], ARGV[3], tonumber(ARGV[4])
--- pcall: a key of another type answers WRONGTYPE, which means 'not ours' here, not a failure
-local dropped = redis.pcall('hdel', key, ARGV[1], '=' .. ARGV[1])
-${RAISE_UNLESS_WRONGTYPE_LUA('dropped')}
-if not dropped or dropped == 0 then
-  return 0
-end
--- An exclusive hold was the hash's only field (with its description): the key went with it.
-if redis.call('exists', key, line) == 0 then
-  return {1, '', '', ''}
-end
-if redis.call('exists', key) == 1 then
-  -- shared holds remain (this was one of them): settle them; while some are live, a freed permit
-  -- is announced to the head of the line (who looks at once) and the second (who looks once the
+local key, fence, line, deadlines, owner = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
+local message, sharded, grant, always = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5] == '1'
+if string.sub(owner, 1, 1) ~= '${SHARED_OWNER_PREFIX}' then
+  -- An exclusive hold: its field, its description and its waiting mark (WAITING_MARK) are all
+  -- the hash holds, so the key goes with them. pcall: a key of another type answers WRONGTYPE,
+  -- which means 'not ours' here, not a failure.
+  local dropped = redis.pcall('hdel', key, owner, '=' .. owner, '${WAITING_MARK}' .. owner)
+  ${RAISE_UNLESS_WRONGTYPE_LUA('dropped')}
+  if not dropped or dropped == 0 then return 0 end
+  -- the hold and its description: nobody waits
+  if dropped == 2 and not always then return {1, '', '', ''} end
+  -- someone waits (or the hold was written without its description: look all the same)
+  redis.call('del', key)
+else
+  -- A shared hold: dropped alone; while others remain, they are settled, and a freed permit is
+  -- announced to the head of the line (who looks at once) and the second (who looks once the
   -- head's turn has passed)
-  ${SHARED_DROPPED_LUA("{1, head, second, ''}")}
+  local dropped = redis.pcall('hdel', key, owner, '=' .. owner)
+  ${RAISE_UNLESS_WRONGTYPE_LUA('dropped')}
+  if not dropped or dropped == 0 then return 0 end
+  if not always and redis.call('exists', key, line) == 0 then return {1, '', '', ''} end
+  if redis.call('exists', key) == 1 then
+    ${SHARED_DROPPED_LUA("{1, head, second, ''}", 'always')}
+  end
 end
-${HAND_ON_LUA}
+${HAND_ON_LUA('always')}
 return {1, head, second, granted}
 `,
 );
