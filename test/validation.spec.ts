@@ -10,6 +10,7 @@ import {
   type LockOptions,
   LockService,
   MAX_LOCK_NAME_LENGTH,
+  MIN_LEASE_MS,
 } from 'nestjs-dislock';
 import type { Redis } from 'ioredis';
 import { createTestApp, type TestApp } from './support/app';
@@ -49,6 +50,10 @@ describe('@DisLock options are validated when the class is defined', () => {
     ['lockWatchdogTimeout: -1', { lockWatchdogTimeout: -1 }, 'lockWatchdogTimeout'],
     ['lockWatchdogTimeout: 1.5', { lockWatchdogTimeout: 1.5 }, 'lockWatchdogTimeout'],
     ['lockWatchdogTimeout: 2**31', { lockWatchdogTimeout: 2 ** 31 }, 'lockWatchdogTimeout'],
+    ['expire: 1 (shorter than its margin)', { expire: 1 }, 'expire'],
+    ['expire: MIN_LEASE_MS - 1', { expire: MIN_LEASE_MS - 1 }, 'expire'],
+    ['lockWatchdogTimeout: 2 (shorter than its margin)', { lockWatchdogTimeout: 2 }, 'lockWatchdogTimeout'],
+    ['lockWatchdogTimeout: MIN_LEASE_MS - 1', { lockWatchdogTimeout: MIN_LEASE_MS - 1 }, 'lockWatchdogTimeout'],
     ['maxRenewTimes: NaN', { maxRenewTimes: NaN }, 'maxRenewTimes'],
     ['maxRenewTimes: 1.5', { maxRenewTimes: 1.5 }, 'maxRenewTimes'],
     ["maxRenewTimes: '3'", { maxRenewTimes: '3' }, 'maxRenewTimes'],
@@ -164,7 +169,8 @@ describe('@DisLock options are validated when the class is defined', () => {
       { expire: -1, lockWatchdogTimeout: 300, maxRenewTimes: 2 },
     ],
     ['expire: 50', { expire: 50 }],
-    ['expire: 1', { expire: 1 }],
+    ['expire: MIN_LEASE_MS', { expire: MIN_LEASE_MS }],
+    ['lockWatchdogTimeout: MIN_LEASE_MS', { lockWatchdogTimeout: MIN_LEASE_MS }],
     ['expire: 2**31 - 1', { expire: 2 ** 31 - 1 }],
     ['lockWatchdogTimeout: 300', { lockWatchdogTimeout: 300 }],
     ['maxRenewTimes: 0', { maxRenewTimes: 0 }],
@@ -181,6 +187,21 @@ describe('@DisLock options are validated when the class is defined', () => {
 
   it.each(legal)('accepts %s', (_label, fields) => {
     expect(() => defineLocked({ key: 'k:{0}', ...fields })).not.toThrow();
+  });
+
+  it('a lease too short to outlast its margin names the option and the shortest lease that works', () => {
+    const error = expectInvalid(
+      thrown(() => defineLocked({ key: 'k', expire: 2 })),
+      'expire',
+    );
+    expect(error.message).toBe(
+      '@DisLock on Locked.method: option "expire" (2 ms) is too short to be honoured: a holder counts its lease as ' +
+        "ended 2.02 ms early (2 ms + 1 %, for Redis's whole milliseconds and late timers), so every acquisition " +
+        `would find it over and the lock would always look taken; the shortest lease that works is ${MIN_LEASE_MS} ms`,
+    );
+    // The shortest lease outlasts its margin (2 ms + 1 %) by a millisecond; one less does not.
+    expect(MIN_LEASE_MS - (2 + MIN_LEASE_MS / 100)).toBeGreaterThanOrEqual(1);
+    expect(MIN_LEASE_MS - 1 - (2 + (MIN_LEASE_MS - 1) / 100)).toBeLessThan(1);
   });
 
   it('accepts the string shorthand', () => {
@@ -205,6 +226,9 @@ describe('LockService validates its arguments at call time', () => {
     ['expire: 1.5', { expire: 1.5 }, 'expire'],
     ["expire: '100'", { expire: '100' }, 'expire'],
     ['lockWatchdogTimeout: 0', { lockWatchdogTimeout: 0 }, 'lockWatchdogTimeout'],
+    ['expire: 2 (shorter than its margin)', { expire: 2 }, 'expire'],
+    ['expire: MIN_LEASE_MS - 1', { expire: MIN_LEASE_MS - 1, waitTime: 500 }, 'expire'],
+    ['lockWatchdogTimeout: MIN_LEASE_MS - 1', { lockWatchdogTimeout: MIN_LEASE_MS - 1 }, 'lockWatchdogTimeout'],
     ['maxRenewTimes: NaN', { maxRenewTimes: NaN }, 'maxRenewTimes'],
     ['waitTime: -1', { waitTime: -1 }, 'waitTime'],
     ['expire with lockWatchdogTimeout', { expire: 500, lockWatchdogTimeout: 300 }, 'lockWatchdogTimeout'],
@@ -286,6 +310,14 @@ describe('LockService validates its arguments at call time', () => {
     expect(await redis.exists(`${t.prefix}valid-name`)).toBe(0);
   });
 
+  it('the shortest lease that can be honoured takes a free lock', async () => {
+    // Some room to wait: an answer that comes after the lease's margin (a slow round trip on a busy
+    // machine) is given back and tried again, as with any lease.
+    const handle = await t.locks.tryLock('shortest-lease', { expire: MIN_LEASE_MS, waitTime: 2_000 });
+    expect(handle).not.toBeNull();
+    await handle?.release();
+  });
+
   it('accepts the legal edge values', async () => {
     for (const options of [
       { expire: -1 },
@@ -326,6 +358,11 @@ describe('DisLockModule.forRoot validates synchronously', () => {
     ['operationTimeout: 0', { redis: 'redis://localhost:6379', operationTimeout: 0 }, 'operationTimeout'],
     ['operationTimeout: 1.5', { redis: 'redis://localhost:6379', operationTimeout: 1.5 }, 'operationTimeout'],
     ['lockWatchdogTimeout: 0', { redis: 'redis://localhost:6379', lockWatchdogTimeout: 0 }, 'lockWatchdogTimeout'],
+    [
+      'lockWatchdogTimeout: MIN_LEASE_MS - 1',
+      { redis: 'redis://localhost:6379', lockWatchdogTimeout: MIN_LEASE_MS - 1 },
+      'lockWatchdogTimeout',
+    ],
     ['maxRenewTimes: 1.5', { redis: 'redis://localhost:6379', maxRenewTimes: 1.5 }, 'maxRenewTimes'],
     ['waitTime: -1', { redis: 'redis://localhost:6379', waitTime: -1 }, 'waitTime'],
     ['whenDisconnected: "queue"', { redis: 'redis://localhost:6379', whenDisconnected: 'queue' }, 'whenDisconnected'],
