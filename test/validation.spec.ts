@@ -7,6 +7,7 @@ import {
   type DisLockModuleOptions,
   type DisLockOptions,
   InvalidLockOptionsError,
+  KeyResolutionError,
   type LockOptions,
   LockService,
   MAX_LOCK_NAME_LENGTH,
@@ -334,6 +335,91 @@ describe('LockService validates its arguments at call time', () => {
   });
 });
 
+describe('names that are not well-formed Unicode are refused before Redis is touched', () => {
+  // UTF-8, which Redis keys are sent in, has no lone surrogate: Node writes U+FFFD instead, so
+  // 's\uD800', 's\uDBFF' and 's\uFFFD' would be one key, one lock shared by three names.
+  const lone = ['s\uD800', 's\uDBFF', '\uDC00s'];
+
+  @Injectable()
+  class Jobs {
+    readonly ran: string[] = [];
+
+    @DisLock('job:{0}')
+    async byTemplate(id: string): Promise<void> {
+      this.ran.push(id);
+    }
+
+    @DisLock((id: string) => `job:${id}`)
+    async byFunction(id: string): Promise<void> {
+      this.ran.push(id);
+    }
+
+    @DisLock({ key: ['job:a', 'job:{0}'] })
+    async both(id: string): Promise<void> {
+      this.ran.push(id);
+    }
+  }
+
+  let t: TestApp;
+  let redis: Redis;
+  beforeAll(async () => {
+    t = await createTestApp([Jobs]);
+    redis = sharedClient();
+  });
+  afterAll(async () => {
+    await t.close();
+    redis.disconnect();
+  });
+
+  it.each(lone)('LockService refuses %j on every call that takes a name, naming "name"', async (name) => {
+    const fn = vi.fn();
+    const calls: (() => Promise<unknown>)[] = [
+      () => t.locks.tryLock(name),
+      () => t.locks.lock(name),
+      () => t.locks.withLock(name, fn),
+      () => t.locks.lock(['fine', name]),
+      async () => t.locks.inspect(name),
+      async () => t.locks.forceUnlock(name),
+      async () => t.locks.assertLocked(name),
+    ];
+    for (const call of calls) {
+      const error = await call().then(
+        () => undefined,
+        (reason: unknown) => reason,
+      );
+      const invalid = expectInvalid(error, 'name');
+      expect(invalid.message).toContain('must be well-formed Unicode');
+      expect(invalid.message).toContain('lone surrogate');
+    }
+    expect(fn).not.toHaveBeenCalled();
+    expect(await redis.keys(`${t.prefix}*`)).toEqual([]);
+  });
+
+  it.each(lone)('@DisLock refuses a key resolving to %j with KeyResolutionError, running nothing', async (name) => {
+    const jobs = t.get(Jobs);
+    for (const call of [() => jobs.byTemplate(name), () => jobs.byFunction(name), () => jobs.both(name)]) {
+      const error = await call().then(
+        () => undefined,
+        (reason: unknown) => reason,
+      );
+      expect(error).toBeInstanceOf(KeyResolutionError);
+      expect((error as KeyResolutionError).message).toContain('must resolve to well-formed Unicode');
+    }
+    expect(jobs.ran).toEqual([]);
+    expect(await redis.keys(`${t.prefix}*`)).toEqual([]);
+  });
+
+  it('U+FFFD itself and surrogate pairs are names like any other, each its own key', async () => {
+    const replacement = await t.locks.lock('s\uFFFD');
+    const emoji = await t.locks.lock('s\uD83D\uDE00');
+    expect(await redis.exists(`${t.prefix}s\uFFFD`, `${t.prefix}s\uD83D\uDE00`)).toBe(2);
+    expect(await replacement.release()).toBe(true);
+    expect(await emoji.release()).toBe(true);
+    await t.get(Jobs).byTemplate('\uD83D\uDE00');
+    expect(t.get(Jobs).ran).toEqual(['\uD83D\uDE00']);
+  });
+});
+
 describe('DisLockModule.forRoot validates synchronously', () => {
   function forRoot(options: unknown): unknown {
     return thrown(() => DisLockModule.forRoot(options as DisLockModuleOptions));
@@ -352,6 +438,7 @@ describe('DisLockModule.forRoot validates synchronously', () => {
     ['redis a Map', { redis: new Map([['host', 'localhost']]) }, 'redis'],
     ['keyPrefix a number', { redis: 'redis://localhost:6379', keyPrefix: 1 }, 'keyPrefix'],
     ['keyPrefix null', { redis: 'redis://localhost:6379', keyPrefix: null }, 'keyPrefix'],
+    ['keyPrefix with a lone surrogate', { redis: 'redis://localhost:6379', keyPrefix: 'app\uD800:' }, 'keyPrefix'],
     ['an unknown option', { redis: 'redis://localhost:6379', prefix: 'x:' }, 'prefix'],
     ['expire module-wide', { redis: 'redis://localhost:6379', expire: 1000 }, 'expire'],
     ['expire -1 module-wide', { redis: 'redis://localhost:6379', expire: -1 }, 'expire'],

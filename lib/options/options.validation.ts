@@ -12,6 +12,7 @@ import {
   UNSET_EXPIRE,
 } from './dislock.options';
 import { leaseMarginMs, MIN_LEASE_MS } from './lease-margin';
+import { describeLoneSurrogate, loneSurrogateAt } from './well-formed';
 import type { LockLostHandler } from '../events/lock-lost.event';
 import type { LockStore } from '../store/lock-store.interface';
 
@@ -366,6 +367,13 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
   }
   if (input.keyPrefix !== undefined && typeof input.keyPrefix !== 'string') {
     fail(where, 'keyPrefix', input.keyPrefix, 'a string');
+  }
+  const lone = input.keyPrefix === undefined ? -1 : loneSurrogateAt(input.keyPrefix);
+  if (input.keyPrefix !== undefined && lone !== -1) {
+    throw new InvalidLockOptionsError(
+      'keyPrefix',
+      `${where}: option "keyPrefix" must be well-formed Unicode: ${describeLoneSurrogate(input.keyPrefix, lone)}`,
+    );
   }
   if (input.keyPrefix !== undefined && !hashTagSafe(input.keyPrefix)) {
     fail(
