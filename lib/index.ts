@@ -35,6 +35,7 @@ export {
   type PerLockOptions,
   type RedisConnection,
 } from './options/dislock.options';
+export { MIN_LEASE_MS } from './options/lease-margin';
 export type { AcquireResult, LockStore, ReleaseResult } from './store/lock-store.interface';
 export { MemoryLockStore } from './store/memory/memory-lock.store';
 export {

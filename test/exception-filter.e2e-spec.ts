@@ -35,6 +35,14 @@ class JobsController {
   run(@Param('id', ParseIntPipe) id: number): Promise<{ id: number }> {
     return this.jobs.run(id);
   }
+
+  /** A semaphore: at most two exports at once. */
+  @Post('exports/:id')
+  @DisLock({ key: 'exports', permits: 2, expire: 2_000 })
+  async export(@Param('id', ParseIntPipe) id: number): Promise<{ id: number }> {
+    await sleep(300);
+    return { id };
+  }
 }
 
 type Platform = 'express' | 'fastify';
@@ -106,6 +114,8 @@ function expectNothingAboutRedis(text: string, port: number): void {
 }
 
 const busyBody = { statusCode: 409, message: 'Lock "job:7" is held by another owner' };
+/** A busy semaphore says what is true: its permits are taken (not "held by another owner"). */
+const fullBody = { statusCode: 409, message: 'All 2 permits of "exports" are taken' };
 
 describe.each<Platform>(['express', 'fastify'])('HTTP answers on %s (Nest 12)', (platform) => {
   describe.each([false, true])('with DisLockExceptionFilter: %s', (withFilter) => {
@@ -117,6 +127,19 @@ describe.each<Platform>(['express', 'fastify'])('HTTP answers on %s (Nest 12)', 
         expect(conflict).toEqual(busyBody);
         if (withFilter) expect(errorLogs).toEqual([]);
         else expect(errorLogs.length).toBeGreaterThan(0);
+      } finally {
+        await app.close();
+      }
+    });
+
+    it('a busy semaphore: 201 for two, 409 for the third, saying all its permits are taken', async () => {
+      const app = await startApp(platform, withFilter);
+      try {
+        const { result: answers } = await errorLogsOf(() =>
+          Promise.all([1, 2, 3].map((id) => request(app.getHttpServer()).post(`/jobs/exports/${id}`))),
+        );
+        expect(answers.map((answer) => answer.status).sort()).toEqual([201, 201, 409]);
+        expect(answers.find((answer) => answer.status === 409)?.body).toEqual(fullBody);
       } finally {
         await app.close();
       }

@@ -132,6 +132,11 @@ describe('the lock family on a real Redis', () => {
       expect(await redis.pttl(key(name))).toBeGreaterThan(3_500); // the latest lease
       expect(await b.locks.tryLock(name, { mode: 'write' })).toBeNull();
       expect(await b.locks.tryLock(name)).toBeNull(); // a plain lock is the write lock
+      const refused = (await settle(b.locks.lock(name, { mode: 'write', waitTime: 50 }))) as {
+        error: LockNotAcquiredError;
+      };
+      expect(refused.error.message).toBe(`Lock "${name}" is held by another owner and was not released within 50 ms`);
+      expect(refused.error.kind).toBe('exclusive');
 
       expect(await r2.release()).toBe(true);
       expect(await holdsOf(redis, key(name))).toEqual({ [r1.owner]: held[r1.owner] });
@@ -145,6 +150,12 @@ describe('the lock family on a real Redis', () => {
       const writer = await a.locks.lock(name, { mode: 'write' });
       expect(await holdsOf(redis, key(name))).toEqual({ [writer.owner]: '1' });
       expect(await b.locks.tryLock(name, { mode: 'read' })).toBeNull();
+      const refused = (await settle(b.locks.lock(name, { mode: 'read' }))) as { error: LockNotAcquiredError };
+      expect(refused.error).toBeInstanceOf(LockNotAcquiredError);
+      expect(refused.error.message).toBe(
+        `Lock "${name}" is not open to readers: another owner holds it for writing, or a writer waits for it`,
+      );
+      expect(refused.error.kind).toBe('read');
       const reader = settle(b.locks.lock(name, { mode: 'read', waitTime: 5_000 }));
       await sleep(50);
       expect(await writer.release()).toBe(true);
@@ -430,7 +441,15 @@ describe('the lock family on a real Redis', () => {
       const first = catalog.exportOne(hold.promise);
       const second = b.get(Catalog).exportOne(hold.promise);
       await eventually(async () => Object.keys(await holdsOf(redis, key('export'))).length === 2);
-      await expect(catalog.exportOne(Promise.resolve())).rejects.toBeInstanceOf(LockNotAcquiredError);
+      const refused = (await settle(catalog.exportOne(Promise.resolve()))) as { error: LockNotAcquiredError };
+      expect(refused.error).toBeInstanceOf(LockNotAcquiredError);
+      // What is true of a semaphore: not "held by another owner", but every permit taken.
+      expect(refused.error.message).toBe('All 2 permits of "export" are taken');
+      expect([refused.error.kind, refused.error.permits]).toEqual(['permit', 2]);
+      const waited = (await settle(a.locks.lock('export', { permits: 2, waitTime: 50 }))) as {
+        error: LockNotAcquiredError;
+      };
+      expect(waited.error.message).toBe('All 2 permits of "export" are taken and none came free within 50 ms');
       hold.open();
       const owners = await Promise.all([first, second]);
       expect(owners.every((owner) => typeof owner === 'string')).toBe(true);

@@ -77,6 +77,15 @@ class FeatureWithoutImport {}
 @Module({ providers: [LockedWork] })
 class DecoratedFeatureWithoutImport {}
 
+@Controller('locked')
+class LockedController {
+  @Get(':id')
+  @DisLock('locked:{0}')
+  async get(@Param('id') id: string): Promise<string> {
+    return id;
+  }
+}
+
 @Module({})
 class FeatureWithImport {
   static with(dislock: DynamicModule): DynamicModule {
@@ -314,6 +323,24 @@ describe('DisLockModule', () => {
       expect(error).toBeInstanceOf(InvalidLockOptionsError);
       expect((error as InvalidLockOptionsError).option).toBe('lockWatchdogTimeout');
     });
+  });
+
+  describe('forgotten', () => {
+    it.each([
+      ['a provider', { providers: [LockedWork] }, 'LockedWork'],
+      ['a controller', { controllers: [LockedController] }, 'LockedController'],
+    ])(
+      '@DisLock on %s of an app without DisLockModule: startup fails naming DisLockModule.forRoot()',
+      async (_label, metadata, className) => {
+        @Module(metadata)
+        class AppWithoutDisLock {}
+        const built = await settle(Test.createTestingModule({ imports: [AppWithoutDisLock] }).compile());
+        expect(built.ok).toBe(false);
+        const message = String((built as { error: unknown }).error);
+        expect(message).toContain(`Nest can't resolve dependencies of the ${className}`);
+        expect(message).toContain('add DisLockModule.forRoot() or forRootAsync() to the imports of the root module');
+      },
+    );
   });
 
   describe('isGlobal: false', () => {

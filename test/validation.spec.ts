@@ -7,9 +7,11 @@ import {
   type DisLockModuleOptions,
   type DisLockOptions,
   InvalidLockOptionsError,
+  KeyResolutionError,
   type LockOptions,
   LockService,
   MAX_LOCK_NAME_LENGTH,
+  MIN_LEASE_MS,
 } from 'nestjs-dislock';
 import type { Redis } from 'ioredis';
 import { createTestApp, type TestApp } from './support/app';
@@ -49,6 +51,10 @@ describe('@DisLock options are validated when the class is defined', () => {
     ['lockWatchdogTimeout: -1', { lockWatchdogTimeout: -1 }, 'lockWatchdogTimeout'],
     ['lockWatchdogTimeout: 1.5', { lockWatchdogTimeout: 1.5 }, 'lockWatchdogTimeout'],
     ['lockWatchdogTimeout: 2**31', { lockWatchdogTimeout: 2 ** 31 }, 'lockWatchdogTimeout'],
+    ['expire: 1 (shorter than its margin)', { expire: 1 }, 'expire'],
+    ['expire: MIN_LEASE_MS - 1', { expire: MIN_LEASE_MS - 1 }, 'expire'],
+    ['lockWatchdogTimeout: 2 (shorter than its margin)', { lockWatchdogTimeout: 2 }, 'lockWatchdogTimeout'],
+    ['lockWatchdogTimeout: MIN_LEASE_MS - 1', { lockWatchdogTimeout: MIN_LEASE_MS - 1 }, 'lockWatchdogTimeout'],
     ['maxRenewTimes: NaN', { maxRenewTimes: NaN }, 'maxRenewTimes'],
     ['maxRenewTimes: 1.5', { maxRenewTimes: 1.5 }, 'maxRenewTimes'],
     ["maxRenewTimes: '3'", { maxRenewTimes: '3' }, 'maxRenewTimes'],
@@ -164,7 +170,8 @@ describe('@DisLock options are validated when the class is defined', () => {
       { expire: -1, lockWatchdogTimeout: 300, maxRenewTimes: 2 },
     ],
     ['expire: 50', { expire: 50 }],
-    ['expire: 1', { expire: 1 }],
+    ['expire: MIN_LEASE_MS', { expire: MIN_LEASE_MS }],
+    ['lockWatchdogTimeout: MIN_LEASE_MS', { lockWatchdogTimeout: MIN_LEASE_MS }],
     ['expire: 2**31 - 1', { expire: 2 ** 31 - 1 }],
     ['lockWatchdogTimeout: 300', { lockWatchdogTimeout: 300 }],
     ['maxRenewTimes: 0', { maxRenewTimes: 0 }],
@@ -181,6 +188,21 @@ describe('@DisLock options are validated when the class is defined', () => {
 
   it.each(legal)('accepts %s', (_label, fields) => {
     expect(() => defineLocked({ key: 'k:{0}', ...fields })).not.toThrow();
+  });
+
+  it('a lease too short to outlast its margin names the option and the shortest lease that works', () => {
+    const error = expectInvalid(
+      thrown(() => defineLocked({ key: 'k', expire: 2 })),
+      'expire',
+    );
+    expect(error.message).toBe(
+      '@DisLock on Locked.method: option "expire" (2 ms) is too short to be honoured: a holder counts its lease as ' +
+        "ended 2.02 ms early (2 ms + 1 %, for Redis's whole milliseconds and late timers), so every acquisition " +
+        `would find it over and the lock would always look taken; the shortest lease that works is ${MIN_LEASE_MS} ms`,
+    );
+    // The shortest lease outlasts its margin (2 ms + 1 %) by a millisecond; one less does not.
+    expect(MIN_LEASE_MS - (2 + MIN_LEASE_MS / 100)).toBeGreaterThanOrEqual(1);
+    expect(MIN_LEASE_MS - 1 - (2 + (MIN_LEASE_MS - 1) / 100)).toBeLessThan(1);
   });
 
   it('accepts the string shorthand', () => {
@@ -205,6 +227,9 @@ describe('LockService validates its arguments at call time', () => {
     ['expire: 1.5', { expire: 1.5 }, 'expire'],
     ["expire: '100'", { expire: '100' }, 'expire'],
     ['lockWatchdogTimeout: 0', { lockWatchdogTimeout: 0 }, 'lockWatchdogTimeout'],
+    ['expire: 2 (shorter than its margin)', { expire: 2 }, 'expire'],
+    ['expire: MIN_LEASE_MS - 1', { expire: MIN_LEASE_MS - 1, waitTime: 500 }, 'expire'],
+    ['lockWatchdogTimeout: MIN_LEASE_MS - 1', { lockWatchdogTimeout: MIN_LEASE_MS - 1 }, 'lockWatchdogTimeout'],
     ['maxRenewTimes: NaN', { maxRenewTimes: NaN }, 'maxRenewTimes'],
     ['waitTime: -1', { waitTime: -1 }, 'waitTime'],
     ['expire with lockWatchdogTimeout', { expire: 500, lockWatchdogTimeout: 300 }, 'lockWatchdogTimeout'],
@@ -286,6 +311,14 @@ describe('LockService validates its arguments at call time', () => {
     expect(await redis.exists(`${t.prefix}valid-name`)).toBe(0);
   });
 
+  it('the shortest lease that can be honoured takes a free lock', async () => {
+    // Some room to wait: an answer that comes after the lease's margin (a slow round trip on a busy
+    // machine) is given back and tried again, as with any lease.
+    const handle = await t.locks.tryLock('shortest-lease', { expire: MIN_LEASE_MS, waitTime: 2_000 });
+    expect(handle).not.toBeNull();
+    await handle?.release();
+  });
+
   it('accepts the legal edge values', async () => {
     for (const options of [
       { expire: -1 },
@@ -299,6 +332,91 @@ describe('LockService validates its arguments at call time', () => {
       const handle = await t.locks.lock('edge', options);
       expect(await handle.release()).toBe(true);
     }
+  });
+});
+
+describe('names that are not well-formed Unicode are refused before Redis is touched', () => {
+  // UTF-8, which Redis keys are sent in, has no lone surrogate: Node writes U+FFFD instead, so
+  // 's\uD800', 's\uDBFF' and 's\uFFFD' would be one key, one lock shared by three names.
+  const lone = ['s\uD800', 's\uDBFF', '\uDC00s'];
+
+  @Injectable()
+  class Jobs {
+    readonly ran: string[] = [];
+
+    @DisLock('job:{0}')
+    async byTemplate(id: string): Promise<void> {
+      this.ran.push(id);
+    }
+
+    @DisLock((id: string) => `job:${id}`)
+    async byFunction(id: string): Promise<void> {
+      this.ran.push(id);
+    }
+
+    @DisLock({ key: ['job:a', 'job:{0}'] })
+    async both(id: string): Promise<void> {
+      this.ran.push(id);
+    }
+  }
+
+  let t: TestApp;
+  let redis: Redis;
+  beforeAll(async () => {
+    t = await createTestApp([Jobs]);
+    redis = sharedClient();
+  });
+  afterAll(async () => {
+    await t.close();
+    redis.disconnect();
+  });
+
+  it.each(lone)('LockService refuses %j on every call that takes a name, naming "name"', async (name) => {
+    const fn = vi.fn();
+    const calls: (() => Promise<unknown>)[] = [
+      () => t.locks.tryLock(name),
+      () => t.locks.lock(name),
+      () => t.locks.withLock(name, fn),
+      () => t.locks.lock(['fine', name]),
+      async () => t.locks.inspect(name),
+      async () => t.locks.forceUnlock(name),
+      async () => t.locks.assertLocked(name),
+    ];
+    for (const call of calls) {
+      const error = await call().then(
+        () => undefined,
+        (reason: unknown) => reason,
+      );
+      const invalid = expectInvalid(error, 'name');
+      expect(invalid.message).toContain('must be well-formed Unicode');
+      expect(invalid.message).toContain('lone surrogate');
+    }
+    expect(fn).not.toHaveBeenCalled();
+    expect(await redis.keys(`${t.prefix}*`)).toEqual([]);
+  });
+
+  it.each(lone)('@DisLock refuses a key resolving to %j with KeyResolutionError, running nothing', async (name) => {
+    const jobs = t.get(Jobs);
+    for (const call of [() => jobs.byTemplate(name), () => jobs.byFunction(name), () => jobs.both(name)]) {
+      const error = await call().then(
+        () => undefined,
+        (reason: unknown) => reason,
+      );
+      expect(error).toBeInstanceOf(KeyResolutionError);
+      expect((error as KeyResolutionError).message).toContain('must resolve to well-formed Unicode');
+    }
+    expect(jobs.ran).toEqual([]);
+    expect(await redis.keys(`${t.prefix}*`)).toEqual([]);
+  });
+
+  it('U+FFFD itself and surrogate pairs are names like any other, each its own key', async () => {
+    const replacement = await t.locks.lock('s\uFFFD');
+    const emoji = await t.locks.lock('s\uD83D\uDE00');
+    expect(await redis.exists(`${t.prefix}s\uFFFD`, `${t.prefix}s\uD83D\uDE00`)).toBe(2);
+    expect(await replacement.release()).toBe(true);
+    expect(await emoji.release()).toBe(true);
+    await t.get(Jobs).byTemplate('\uD83D\uDE00');
+    expect(t.get(Jobs).ran).toEqual(['\uD83D\uDE00']);
   });
 });
 
@@ -320,12 +438,18 @@ describe('DisLockModule.forRoot validates synchronously', () => {
     ['redis a Map', { redis: new Map([['host', 'localhost']]) }, 'redis'],
     ['keyPrefix a number', { redis: 'redis://localhost:6379', keyPrefix: 1 }, 'keyPrefix'],
     ['keyPrefix null', { redis: 'redis://localhost:6379', keyPrefix: null }, 'keyPrefix'],
+    ['keyPrefix with a lone surrogate', { redis: 'redis://localhost:6379', keyPrefix: 'app\uD800:' }, 'keyPrefix'],
     ['an unknown option', { redis: 'redis://localhost:6379', prefix: 'x:' }, 'prefix'],
     ['expire module-wide', { redis: 'redis://localhost:6379', expire: 1000 }, 'expire'],
     ['expire -1 module-wide', { redis: 'redis://localhost:6379', expire: -1 }, 'expire'],
     ['operationTimeout: 0', { redis: 'redis://localhost:6379', operationTimeout: 0 }, 'operationTimeout'],
     ['operationTimeout: 1.5', { redis: 'redis://localhost:6379', operationTimeout: 1.5 }, 'operationTimeout'],
     ['lockWatchdogTimeout: 0', { redis: 'redis://localhost:6379', lockWatchdogTimeout: 0 }, 'lockWatchdogTimeout'],
+    [
+      'lockWatchdogTimeout: MIN_LEASE_MS - 1',
+      { redis: 'redis://localhost:6379', lockWatchdogTimeout: MIN_LEASE_MS - 1 },
+      'lockWatchdogTimeout',
+    ],
     ['maxRenewTimes: 1.5', { redis: 'redis://localhost:6379', maxRenewTimes: 1.5 }, 'maxRenewTimes'],
     ['waitTime: -1', { redis: 'redis://localhost:6379', waitTime: -1 }, 'waitTime'],
     ['whenDisconnected: "queue"', { redis: 'redis://localhost:6379', whenDisconnected: 'queue' }, 'whenDisconnected'],

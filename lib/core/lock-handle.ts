@@ -1,5 +1,6 @@
 import type { LockEventSubject, LockHoldKind } from '../events/lock-events';
 import { eventSubjectOf, holdKindOf, type ResolvedLockOptions } from '../options/dislock.options';
+import { leaseMarginMs } from '../options/lease-margin';
 import type { Scheduled } from './due-heap';
 import type { WatchdogDue } from './watchdog-due';
 
@@ -64,12 +65,11 @@ export type HeldLockState =
 
 /**
  * Until when (`performance.now()`) a lease asked for at `sentAt` certainly still runs in Redis: the
- * lease less a margin of 2 ms + 1 % of it. Redis keeps expiry times in whole milliseconds (a lease
- * can end up to 1 ms before this process's sub-millisecond clock says), and a timer set for the end
- * fires a little late; the margin keeps a loss reported before another owner can take the lock.
+ * lease less its margin of 2 ms + 1 % of it (`leaseMarginMs`, which says why). Leases too short to
+ * outlast it are refused by the option checks (`MIN_LEASE_MS`).
  */
 export function leaseValidUntil(sentAt: number, leaseMs: number): number {
-  return sentAt + leaseMs - (2 + leaseMs / 100);
+  return sentAt + leaseMs - leaseMarginMs(leaseMs);
 }
 
 /**

@@ -56,10 +56,24 @@ const placeholderOf = (segment: fc.Arbitrary<string>): fc.Arbitrary<Placeholder>
     path: fc.array(segment, { maxLength: 4 }),
   });
 
-/** Literal text without braces: short unicode (lone surrogates included), or long enough to overflow. */
+/**
+ * Halves of surrogate pairs, alone or matched by chance, among other text: a name with a lone one
+ * is refused, since UTF-8 (how Redis gets its keys) would write U+FFFD for it. fast-check's
+ * `'binary'` unit never makes one, so they are made here.
+ */
+const surrogateText = fc.string({
+  unit: fc.constantFrom('s', '\uD800', '\uDBFF', '\uDC00', '\uDFFF', '\uD83D', '\uDE00', '\uFFFD'),
+  minLength: 1,
+  maxLength: 4,
+});
+/** Text with no lone surrogate (a pair is one character, as UTF-8 reads it). */
+const isWellFormedText = (text: string): boolean => !/\p{Cs}/u.test(text);
+
+/** Literal text without braces: short unicode, lone surrogates, or long enough to overflow. */
 const literalText = fc
   .oneof(
     { weight: 8, arbitrary: fc.string({ unit: 'binary', maxLength: 12 }) },
+    { weight: 2, arbitrary: surrogateText },
     { weight: 1, arbitrary: fc.string({ unit: 'binary-ascii', minLength: 200, maxLength: 600 }) },
   )
   .map((text) => text.replace(/[{}]/g, ''))
@@ -120,6 +134,7 @@ type Spec =
 
 const leafValue = fc.oneof(
   { weight: 6, arbitrary: fc.oneof(fc.string({ maxLength: 8 }), fc.integer(), fc.boolean(), fc.bigInt()) },
+  { weight: 1, arbitrary: surrogateText },
   {
     weight: 3,
     arbitrary: fc.anything({
@@ -490,6 +505,7 @@ function resolveChecked(
   const resolved = name as string;
   expect(resolved.length).toBeGreaterThan(0);
   expect(resolved.length).toBeLessThanOrEqual(MAX_LOCK_NAME_LENGTH);
+  expect(isWellFormedText(resolved)).toBe(true);
   const key = PREFIX + resolved;
   expect(key.startsWith(PREFIX)).toBe(true);
   expect(key.length).toBeLessThanOrEqual(PREFIX.length + MAX_LOCK_NAME_LENGTH);
@@ -529,7 +545,7 @@ function model(pieces: readonly Piece[], args: readonly unknown[]): string | und
     else if (typeof value === 'bigint' || typeof value === 'boolean') name += String(value);
     else return undefined;
   }
-  return name.length > 0 && name.length <= MAX_LOCK_NAME_LENGTH ? name : undefined;
+  return name.length > 0 && name.length <= MAX_LOCK_NAME_LENGTH && isWellFormedText(name) ? name : undefined;
 }
 
 function ownNames(): Record<string, string[]> {
@@ -568,14 +584,16 @@ describe('compileKey: properties over hostile templates and arguments', () => {
     expect(tally.refused).toBeGreaterThan(50);
   });
 
-  it('well-formed templates: compile unless a segment is forbidden or a static key is empty/too long; resolution is bounded or KeyResolutionError', () => {
+  it('well-formed templates: compile unless a segment is forbidden or a static key is empty/too long/has a lone surrogate; resolution is bounded or KeyResolutionError', () => {
     fc.assert(
       fc.property(wellFormed(), fc.array(specArb, { maxLength: 4 }), ({ template, pieces }, specs) => {
         const resolve = compileChecked(template);
         const isStatic = placeholders(pieces).length === 0;
         const staticName = isStatic ? (pieces as string[]).map(unescape).join('') : '';
         const expectRefused =
-          hasForbidden(pieces) || (isStatic && (staticName.length === 0 || staticName.length > MAX_LOCK_NAME_LENGTH));
+          hasForbidden(pieces) ||
+          (isStatic &&
+            (staticName.length === 0 || staticName.length > MAX_LOCK_NAME_LENGTH || !isWellFormedText(staticName)));
         expect(resolve === undefined).toBe(expectRefused);
         if (!resolve) return;
         const probe = newProbe();
@@ -640,7 +658,7 @@ describe('compileKey: properties over hostile templates and arguments', () => {
           const template = pieces.join('');
           const expected = pieces.map(unescape).join('');
           const resolve = compileChecked(template);
-          expect(resolve === undefined).toBe(expected.length > MAX_LOCK_NAME_LENGTH);
+          expect(resolve === undefined).toBe(expected.length > MAX_LOCK_NAME_LENGTH || !isWellFormedText(expected));
           if (!resolve) return;
           const probe = newProbe();
           expect(resolve(specs.map((spec) => build(spec, probe)))).toBe(expected);
@@ -654,6 +672,7 @@ describe('compileKey: properties over hostile templates and arguments', () => {
   it('plain data: the name is exactly what an own-property walk gives (model check)', () => {
     const leaf = fc.oneof(
       { weight: 6, arbitrary: fc.oneof(fc.string({ maxLength: 6 }), fc.integer(), fc.boolean(), fc.bigInt()) },
+      { weight: 1, arbitrary: surrogateText },
       { weight: 2, arbitrary: fc.double() },
       { weight: 2, arbitrary: fc.constantFrom<unknown>(NaN, Infinity, -Infinity, -0, '', null, undefined, 0n) },
       { weight: 1, arbitrary: fc.string({ unit: 'binary-ascii', minLength: 250, maxLength: 520 }) },
@@ -680,7 +699,7 @@ describe('compileKey: properties over hostile templates and arguments', () => {
         ),
         ({ args, template, pieces }) => {
           const resolve = compileChecked(template);
-          if (!resolve) return; // a static key that is empty or too long: covered above
+          if (!resolve) return; // a static key that is empty, too long or not well-formed: covered above
           const expected = model(pieces, args);
           let actual: string | undefined;
           try {

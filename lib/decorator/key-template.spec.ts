@@ -356,3 +356,24 @@ describe('checkLockName', () => {
     expect(error.message).toContain('my-template');
   });
 });
+
+describe('names that are not well-formed Unicode (a lone surrogate, which UTF-8 writes as U+FFFD)', () => {
+  it.each<[string, string]>([
+    ['a high half at the end', 's\uD800'],
+    ['another high half at the end', 's\uDBFF'],
+    ['a low half first', '\uDC00s'],
+    ['two halves in the wrong order', 's\uDE00\uD83D'],
+  ])('refuses %s from a placeholder, a key function and a static key, naming where', (_label, name) => {
+    const fromPlaceholder = keyError(() => resolve('job:{0}', name));
+    expect(fromPlaceholder.message).toContain('must resolve to well-formed Unicode');
+    expect(fromPlaceholder.message).toMatch(/lone surrogate \(\\u[0-9A-F]{4}\) at position \d+/);
+    keyError(() => resolve(() => name));
+    expect(optionsError(() => compileKey(name)).message).toContain('well-formed Unicode');
+  });
+
+  it("keeps names that differ from them: U+FFFD itself and a pair made of a literal's half and a value's", () => {
+    expect(resolve('s\uFFFD')).toBe('s\uFFFD');
+    expect(resolve('s\uD83D{0}', '\uDE00')).toBe('s\uD83D\uDE00');
+    expect(resolve(() => 'emoji:\uD83D\uDE00')).toBe('emoji:\uD83D\uDE00');
+  });
+});

@@ -1,6 +1,7 @@
 import { describeError } from '../errors/describe-error';
 import { InvalidLockOptionsError, KeyResolutionError } from '../errors';
 import { MAX_LOCK_NAME_LENGTH, type LockKey } from '../options/dislock.options';
+import { describeLoneSurrogate, loneSurrogateAt } from '../options/well-formed';
 
 /**
  * Key templates: literal text with placeholders over the method's arguments.
@@ -139,6 +140,15 @@ export function checkLockName(name: unknown, template: string): string {
     throw new KeyResolutionError(
       template,
       `Lock key "${template}" resolved to ${name.length} characters; the limit is ${MAX_LOCK_NAME_LENGTH}`,
+    );
+  }
+  // The whole name, not each part: a literal ending in a high surrogate and a value starting with a
+  // low one make a well-formed pair.
+  const lone = loneSurrogateAt(name);
+  if (lone !== -1) {
+    throw new KeyResolutionError(
+      template,
+      `Lock key "${template}" must resolve to well-formed Unicode: ${describeLoneSurrogate(name, lone)}`,
     );
   }
   return name;

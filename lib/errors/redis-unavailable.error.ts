@@ -23,7 +23,7 @@ export class RedisUnavailableError extends DisLockError {
     readonly operation: string,
     /** The lock name (without the key prefix). */
     readonly lockName: string,
-    /** What failed, with no connection detail: it may reach a client (Nest 11 sends it as the body). */
+    /** What failed, with no connection detail: it may reach a client (Nest 11 before 11.2.8 sends it as the body). */
     message: string,
     /** `cause`: the error Redis or the client reported. */
     options?: { cause?: unknown },

@@ -15,7 +15,7 @@ export interface RedlockNodeFailure {
  * is answered 503 and handled like a single Redis being down.
  *
  * The message says only how many nodes failed (`Could not acquire lock "x": 2 of 3 Redis nodes
- * failed, no majority of 2 possible`): it may reach an HTTP client (Nest 11 sends it as the body).
+ * failed, no majority of 2 possible`): it may reach an HTTP client (Nest 11 before 11.2.8 sends it as the body).
  * Which nodes failed and why is in `nodes` and in `cause`, an `AggregateError` whose message names
  * each node and its error, so that Nest's logger prints it with the error.
  */

@@ -11,6 +11,8 @@ import {
   type ResolvedModuleOptions,
   UNSET_EXPIRE,
 } from './dislock.options';
+import { leaseMarginMs, MIN_LEASE_MS } from './lease-margin';
+import { describeLoneSurrogate, loneSurrogateAt } from './well-formed';
 import type { LockLostHandler } from '../events/lock-lost.event';
 import type { LockStore } from '../store/lock-store.interface';
 
@@ -99,14 +101,28 @@ function wholeCount(where: string, option: string, value: unknown): number {
   return value;
 }
 
+/** A lease (`expire`, `lockWatchdogTimeout`): long enough to outlast the margin a holder counts it ended by. */
+function leaseMs(where: string, option: string, value: unknown): number {
+  const lease = positiveMs(where, option, value);
+  if (lease < MIN_LEASE_MS) {
+    throw new InvalidLockOptionsError(
+      option,
+      `${where}: option "${option}" (${lease} ms) is too short to be honoured: a holder counts its lease as ended ` +
+        `${leaseMarginMs(lease)} ms early (2 ms + 1 %, for Redis's whole milliseconds and late timers), so every ` +
+        `acquisition would find it over and the lock would always look taken; the shortest lease that works is ${MIN_LEASE_MS} ms`,
+    );
+  }
+  return lease;
+}
+
 /** Validates the timing fields (and the `onLockLost` hook) that are present; absent ones stay absent. */
 function checkTiming(where: string, raw: Record<string, unknown>): LockOptions {
   const out: { -readonly [K in keyof LockOptions]: LockOptions[K] } = {};
   if (raw.expire !== undefined) {
-    out.expire = raw.expire === UNSET_EXPIRE ? UNSET_EXPIRE : positiveMs(where, 'expire', raw.expire);
+    out.expire = raw.expire === UNSET_EXPIRE ? UNSET_EXPIRE : leaseMs(where, 'expire', raw.expire);
   }
   if (raw.lockWatchdogTimeout !== undefined) {
-    out.lockWatchdogTimeout = positiveMs(where, 'lockWatchdogTimeout', raw.lockWatchdogTimeout);
+    out.lockWatchdogTimeout = leaseMs(where, 'lockWatchdogTimeout', raw.lockWatchdogTimeout);
   }
   if (raw.maxRenewTimes !== undefined) out.maxRenewTimes = wholeCount(where, 'maxRenewTimes', raw.maxRenewTimes);
   if (raw.waitTime !== undefined) out.waitTime = nonNegativeMs(where, 'waitTime', raw.waitTime);
@@ -351,6 +367,13 @@ export function resolveModuleOptions(raw: unknown): ResolvedModuleOptions {
   }
   if (input.keyPrefix !== undefined && typeof input.keyPrefix !== 'string') {
     fail(where, 'keyPrefix', input.keyPrefix, 'a string');
+  }
+  const lone = input.keyPrefix === undefined ? -1 : loneSurrogateAt(input.keyPrefix);
+  if (input.keyPrefix !== undefined && lone !== -1) {
+    throw new InvalidLockOptionsError(
+      'keyPrefix',
+      `${where}: option "keyPrefix" must be well-formed Unicode: ${describeLoneSurrogate(input.keyPrefix, lone)}`,
+    );
   }
   if (input.keyPrefix !== undefined && !hashTagSafe(input.keyPrefix)) {
     fail(

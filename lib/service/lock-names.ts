@@ -1,6 +1,7 @@
 import { InvalidLockOptionsError } from '../errors';
 import { type LockOptions, MAX_LOCK_NAME_LENGTH } from '../options/dislock.options';
 import { MAX_LOCK_SET } from '../options/options.validation';
+import { describeLoneSurrogate, loneSurrogateAt } from '../options/well-formed';
 
 /** A lock name as it is, once checked; throws `InvalidLockOptionsError` naming `name` otherwise. */
 function checkLockName(where: string, name: unknown): string {
@@ -9,6 +10,13 @@ function checkLockName(where: string, name: unknown): string {
     throw new InvalidLockOptionsError(
       'name',
       `${where}: the lock name must be a non-empty string of at most ${MAX_LOCK_NAME_LENGTH} characters, got ${got}`,
+    );
+  }
+  const lone = loneSurrogateAt(name);
+  if (lone !== -1) {
+    throw new InvalidLockOptionsError(
+      'name',
+      `${where}: the lock name must be well-formed Unicode: ${describeLoneSurrogate(name, lone)}`,
     );
   }
   return name;

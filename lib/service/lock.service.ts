@@ -6,9 +6,14 @@ import {
   type OnApplicationShutdown,
   type OnModuleInit,
 } from '@nestjs/common';
-import { type LockOptions, type ResolvedLockOptions, type ResolvedModuleOptions } from '../options/dislock.options';
+import {
+  holdKindOf,
+  type LockOptions,
+  type ResolvedLockOptions,
+  type ResolvedModuleOptions,
+} from '../options/dislock.options';
 import { DISLOCK_RESOLVED_OPTIONS, DISLOCK_STORE } from '../options/dislock.internal-constants';
-import { InvalidLockOptionsError, LockNotAcquiredError, LockNotHeldError } from '../errors';
+import { type BusyHold, InvalidLockOptionsError, LockNotAcquiredError, LockNotHeldError } from '../errors';
 import type { Handle, LockHandle } from '../core/lock-handle';
 import { LockSet, type LockSetHandle } from '../core/lock-set';
 import { LockScope } from '../core/lock-scope';
@@ -25,6 +30,12 @@ import { WaitLine } from './wait-line';
 
 /** What a locked call holds: one lock, or a multi-lock's set. */
 export type Held = Handle | LockSet;
+
+/** The hold a busy caller asked for, which `LockNotAcquiredError` names what stands in the way of. */
+function busyHoldOf(options: ResolvedLockOptions): BusyHold {
+  const kind = holdKindOf(options);
+  return kind === 'permit' ? { kind, permits: options.permits } : { kind };
+}
 
 /**
  * Distributed locks on Redis: owner-safe, renewed by a watchdog, reentrant within one async
@@ -86,7 +97,7 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     const handle = await this.take(lockName, resolved, false, signal);
     if (handle) return handle;
     if (signal?.aborted) throw signal.reason;
-    throw new LockNotAcquiredError(describeNames(lockName), resolved.waitTime);
+    throw new LockNotAcquiredError(describeNames(lockName), resolved.waitTime, busyHoldOf(resolved));
   }
 
   /**
@@ -181,12 +192,11 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     const names = typeof name === 'string' ? name : checkLockNames('LockService', name, options);
     const handle = await this.take(names, resolved, keepOnShutdown, cancel);
     if (handle) return handle;
-    if (onBusy === 'throw') throw new LockNotAcquiredError(describeNames(names), resolved.waitTime);
+    if (onBusy === 'throw')
+      throw new LockNotAcquiredError(describeNames(names), resolved.waitTime, busyHoldOf(resolved));
     if (!cancel?.aborted) {
-      const waited = resolved.waitTime > 0 ? ` after waiting ${resolved.waitTime} ms` : '';
-      this.logger.debug(
-        `Lock "${describeNames(names)}" is held by another owner${waited}: skipped the call (onBusy: 'skip')`,
-      );
+      const busy = new LockNotAcquiredError(describeNames(names), resolved.waitTime, busyHoldOf(resolved));
+      this.logger.debug(`${busy.message}: skipped the call (onBusy: 'skip')`);
     }
     return null;
   }

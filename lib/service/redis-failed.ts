@@ -14,8 +14,8 @@ import {
 } from '../store/store-errors';
 
 /**
- * A store failure as the caller sees it. The message may reach an HTTP client (Nest 11's default
- * filter sends it as the body), so it says only what failed: the store's own error, which can name
+ * A store failure as the caller sees it. The message may reach an HTTP client (the default filter of
+ * Nest 11 before 11.2.8 sends it as the body), so it says only what failed: the store's own error, which can name
  * the server's address or the connection error, stays in `cause`, for logs.
  */
 export function redisFailed(

@@ -7,7 +7,7 @@
 // Plain Node, no dependencies. Every wait is bounded; whatever is started here (redis-server,
 // apps, npm) is killed on the way out, also on failure, timeout or Ctrl-C.
 import { spawn } from 'node:child_process';
-import { cpSync, createWriteStream, mkdtempSync, rmSync } from 'node:fs';
+import { cpSync, createWriteStream, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -279,6 +279,18 @@ async function get(url, timeout = 5_000) {
 
 const show = (r) => `${r.status} ${r.text.slice(0, 300)}`;
 
+/**
+ * The message Nest's default filter puts in the body of a 503 for RedisUnavailableError (`expose:
+ * false`): the status text from @nestjs/core 11.2.8 on (and on 12), which reads `expose`; the error's
+ * own message (`Could not acquire lock "...": ...`) before it.
+ */
+function expected503Message(dir) {
+  const { version } = JSON.parse(readFileSync(join(dir, 'node_modules/@nestjs/core/package.json'), 'utf8'));
+  const [major, minor, patch] = version.split('.').map(Number);
+  const readsExpose = major > 11 || (major === 11 && (minor > 2 || (minor === 2 && patch >= 8)));
+  return { version, message: readsExpose ? 'Service Unavailable' : /^Could not acquire lock "/ };
+}
+
 // ---------------------------------------------------------------- results
 
 const results = [];
@@ -546,8 +558,15 @@ async function httpChecks(name, dir, node, platform) {
           })),
         ),
       );
+      const nest = expected503Message(dir);
       for (const r of down) {
         if (r.status !== 503) fail(`Redis stopped: expected 503 within ${bound} ms, got ${show(r)} after ${r.ms} ms`);
+        const message = r.body?.message;
+        const matches =
+          typeof nest.message === 'string' ? message === nest.message : nest.message.test(String(message));
+        if (r.status === 503 && (r.body?.statusCode !== 503 || !matches)) {
+          fail(`503 body on @nestjs/core ${nest.version}: expected message ${nest.message}, got ${r.text}`);
+        }
         const leaks = ['127.0.0.1', 'localhost', String(redisPort), 'ECONNREFUSED', 'connect'].filter((s) =>
           r.text.toLowerCase().includes(s.toLowerCase()),
         );
