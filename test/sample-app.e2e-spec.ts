@@ -377,7 +377,7 @@ describe('sample app: two instances on one Redis', () => {
       expect(Object.keys(most)).toHaveLength(via.length);
       const now = await serverMs();
       for (const [owner, leaseEnd] of Object.entries(most)) {
-        expect(owner).toMatch(/^[0-9a-f]{32}$/);
+        expect(owner).toMatch(/^s[0-9a-f]{32}$/); // a shared hold's owner id (see OwnerIds)
         expect(Number(leaseEnd)).toBeGreaterThan(now - 500); // sampled a moment ago
         expect(Number(leaseEnd)).toBeLessThanOrEqual(now + LEASE);
       }
@@ -496,7 +496,7 @@ describe('sample app: two instances on one Redis', () => {
       const startedAt = Date.now();
       const now = await serverMs();
       for (const [owner, leaseEnd] of Object.entries(await holdsOf(redis, key))) {
-        expect(owner).toMatch(/^[0-9a-f]{32}$/);
+        expect(owner).toMatch(/^s[0-9a-f]{32}$/); // a shared hold's owner id (see OwnerIds)
         expect(Number(leaseEnd)).toBeGreaterThan(now);
         expect(Number(leaseEnd)).toBeLessThanOrEqual(now + LEASE);
       }
