@@ -9,8 +9,8 @@
 //    exports; `import` loads the ES module build (dist/esm/) and `require` the CommonJS one (dist/),
 //    and the ES module build require()s nothing but an optional peer: an ESM application (and
 //    Jest's ESM mode, which cannot require() Nest 12 from a module its tests import) never has a
-//    require() of Nest on its way.
-import { execFileSync } from 'node:child_process';
+//    require() of Nest on its way. An app that loads both builds is told so when it starts.
+import { execFileSync, spawnSync } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -127,6 +127,35 @@ const requires = esmFiles.flatMap((file) =>
 check(
   esmFiles.length > 0 && requires.length === 0,
   `the ES module build require()s only @opentelemetry/api${requires.length ? `: ${requires.join(', ')}` : ''}`,
+);
+
+// Both builds in one process (an ESM app with a CommonJS module that requires the package): two
+// DisLockModules that do not know each other, which the module says when the app starts; one build,
+// nothing said.
+const startApp = (loadBoth) => {
+  const script = `
+    import 'reflect-metadata';
+    import { createRequire } from 'node:module';
+    import { Module } from '@nestjs/common';
+    import { NestFactory } from '@nestjs/core';
+    import { DisLockModule } from 'nestjs-dislock';
+    if (${loadBoth}) createRequire(import.meta.url)('nestjs-dislock');
+    class AppModule {}
+    Module({ imports: [DisLockModule.forRoot({ store: 'memory' })] })(AppModule);
+    const app = await NestFactory.createApplicationContext(AppModule, { logger: ['warn', 'error'] });
+    await app.close();
+  `;
+  const result = spawnSync(process.execPath, ['--input-type=module', '-e', script], { cwd: root, encoding: 'utf8' });
+  return { ok: result.status === 0, output: `${result.stdout}${result.stderr}` };
+};
+const [both, one] = [startApp(true), startApp(false)];
+check(
+  both.ok && /loaded twice in this process/.test(both.output),
+  `an app with both builds loaded says so when it starts${both.ok ? '' : `: ${both.output}`}`,
+);
+check(
+  one.ok && !/loaded twice/.test(one.output),
+  `an app with one build loaded says nothing${one.ok ? '' : `: ${one.output}`}`,
 );
 
 console.log(failures.length === 0 ? 'package: all checks passed' : `package: ${failures.length} check(s) failed`);
