@@ -20,6 +20,7 @@ import { RedisLockStore } from '../store/redis/redis-lock.store';
 import { createRedlockStore } from '../store/redlock/redlock.store';
 import { ReplicaAck } from '../store/redis/replica-ack';
 import { refuseRedisInTest } from './testing-module-guard';
+import { registerBuild, warnOfBothBuilds } from './package-builds';
 
 function createStore(options: ResolvedModuleOptions, testingModule: true | undefined): LockStore {
   if (options.store === 'memory') return new MemoryLockStore();
@@ -71,6 +72,12 @@ function createStore(options: ResolvedModuleOptions, testingModule: true | undef
   exports: [LockService, DisLockInterceptor, DisLockHealthIndicator, DISLOCK_STORE, DISLOCK_RESOLVED_OPTIONS],
 })
 export class DisLockModule extends DisLockConfigurableModule {
+  constructor() {
+    super();
+    // Nest builds the module when the application starts, once every file of it has loaded.
+    warnOfBothBuilds();
+  }
+
   /** Configure with options known up front; they are validated here, before the app starts. */
   static forRoot(options: typeof DISLOCK_OPTIONS_TYPE): DynamicModule {
     resolveModuleOptions(options);
@@ -85,3 +92,5 @@ export class DisLockModule extends DisLockConfigurableModule {
     return super.forRootAsync(guardFactoryInjection(options));
   }
 }
+
+registerBuild();

@@ -2,12 +2,15 @@
 // Consumer tests: pack nestjs-dislock, install the tarball into small real apps as a new user
 // would, and check them over HTTP against redis-server processes started here.
 //
-//   node test/consumers/run.mjs [--node 22,24,26] [--app nest12-esm,nest11-cjs] [--keep]
+//   node test/consumers/run.mjs [--node 22,24,26] [--app nest12-esm,nest11-cjs] [--keep] [--prebuilt]
+//
+// --prebuilt packs the dist/ already there instead of running `npm run build` first (CI, which has
+// just built it).
 //
 // Plain Node, no dependencies. Every wait is bounded; whatever is started here (redis-server,
 // apps, npm) is killed on the way out, also on failure, timeout or Ctrl-C.
 import { spawn } from 'node:child_process';
-import { cpSync, createWriteStream, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { cpSync, createWriteStream, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -32,6 +35,8 @@ const APPS = {
       node16: ['-p', 'typecheck/tsconfig.node16.json'],
     },
     vitest: true,
+    // Jest's ESM mode, as a Nest 12 app runs Jest (jest.config.js).
+    jest: ['--experimental-vm-modules', 'node_modules/jest/bin/jest.js', '--ci'],
   },
   'nest11-cjs': {
     platforms: ['express', 'fastify'],
@@ -40,8 +45,13 @@ const APPS = {
       node10: ['-p', 'typecheck/tsconfig.node10.json'],
     },
     vitest: false,
+    // Jest's CommonJS mode, with the config `nest new` writes (test/jest-e2e.json).
+    jest: ['node_modules/jest/bin/jest.js', '--ci', '--config', './test/jest-e2e.json'],
   },
 };
+// Jest runs on these of the run's Node versions (a few seconds each; the Node versions users of
+// Jest are on, where Jest's ESM mode and require(esm) differ).
+const JEST_NODES = new Set(['20', '22', '24']);
 
 let args;
 try {
@@ -50,6 +60,7 @@ try {
       node: { type: 'string', default: '22,24,26' },
       app: { type: 'string', default: Object.keys(APPS).join(',') },
       keep: { type: 'boolean', default: false },
+      prebuilt: { type: 'boolean', default: false },
       help: { type: 'boolean', default: false },
     },
   }));
@@ -70,7 +81,7 @@ if (nodeVersions.length === 0) usage('--node needs at least one version');
 
 function usage(message, code = 2) {
   console[code ? 'error' : 'log'](
-    `${message}\nusage: node test/consumers/run.mjs [--node 22,24,26] [--app ${Object.keys(APPS).join(',')}] [--keep]`,
+    `${message}\nusage: node test/consumers/run.mjs [--node 22,24,26] [--app ${Object.keys(APPS).join(',')}] [--keep] [--prebuilt]`,
   );
   process.exit(code);
 }
@@ -323,9 +334,16 @@ async function step(app, what, fn) {
 
 async function buildAndPack() {
   let tarball;
-  const ok = await step('package', 'npm run build + npm pack', async (fail) => {
-    const build = await run('npm', ['run', 'build'], { cwd: ROOT, timeout: 180_000, log: join(work, 'build.log') });
-    if (!build.ok) return fail(describeRun('npm run build', build));
+  const what = args.prebuilt ? 'npm pack (dist/ as built)' : 'npm run build + npm pack';
+  const ok = await step('package', what, async (fail) => {
+    if (args.prebuilt) {
+      if (!existsSync(join(ROOT, 'dist', 'index.js')) || !existsSync(join(ROOT, 'dist', 'esm', 'index.js'))) {
+        return fail('--prebuilt: no dist/index.js or dist/esm/index.js; run `npm run build` first');
+      }
+    } else {
+      const build = await run('npm', ['run', 'build'], { cwd: ROOT, timeout: 180_000, log: join(work, 'build.log') });
+      if (!build.ok) return fail(describeRun('npm run build', build));
+    }
     const pack = await run('npm', ['pack', '--json', '--pack-destination', work], { cwd: ROOT, timeout: 60_000 });
     if (!pack.ok) return fail(describeRun('npm pack', pack));
     tarball = join(work, JSON.parse(pack.stdout)[0].filename);
@@ -412,25 +430,33 @@ async function oneCopy(name, dir, node) {
     const script = `
       import { createRequire } from 'node:module';
       import { fileURLToPath } from 'node:url';
-      const lib = import.meta.resolve('nestjs-dislock');
-      const requireFromLib = createRequire(lib);
-      const out = { lib: fileURLToPath(lib) };
-      for (const pkg of ['@nestjs/common', '@nestjs/core']) {
-        const fromLib = requireFromLib.resolve(pkg);
-        const fromApp = fileURLToPath(import.meta.resolve(pkg));
-        const same = requireFromLib(pkg).Injectable === (await import(pkg)).Injectable;
-        out[pkg] = { fromLib, fromApp, same };
+      // Both builds of the library: the ES modules (import) and the CommonJS (require).
+      const builds = {
+        esm: fileURLToPath(import.meta.resolve('nestjs-dislock')),
+        cjs: createRequire(import.meta.url).resolve('nestjs-dislock'),
+      };
+      const out = {};
+      for (const [build, lib] of Object.entries(builds)) {
+        const requireFromLib = createRequire(lib);
+        for (const pkg of ['@nestjs/common', '@nestjs/core']) {
+          const fromLib = requireFromLib.resolve(pkg);
+          const fromApp = fileURLToPath(import.meta.resolve(pkg));
+          const same = requireFromLib(pkg).Injectable === (await import(pkg)).Injectable;
+          out[build + ' ' + pkg] = { lib, fromLib, fromApp, same };
+        }
       }
       console.log(JSON.stringify(out));
     `;
     const result = await run(node.bin, ['--input-type=module', '-e', script], { cwd: dir, timeout: 30_000 });
     if (!result.ok) return fail(describeRun(`node ${node.full} (resolve check)`, result));
     const out = JSON.parse(result.stdout.trim().split('\n').at(-1));
-    for (const pkg of ['@nestjs/common', '@nestjs/core']) {
-      const { fromLib, fromApp, same } = out[pkg];
-      if (fromLib !== fromApp) fail(`${pkg}: the library's dist resolves ${fromLib}, the app ${fromApp}`);
-      if (!same) fail(`${pkg}: require() from the library's dist and import() from the app give different modules`);
+    for (const [what, { lib, fromLib, fromApp, same }] of Object.entries(out)) {
+      if (fromLib !== fromApp) fail(`${what}: the library (${lib}) resolves ${fromLib}, the app ${fromApp}`);
+      if (!same) fail(`${what}: the library (${lib}) and import() from the app give different modules`);
     }
+    const [esm, cjs] = ['esm', 'cjs'].map((build) => out[`${build} @nestjs/common`].lib);
+    if (!/[/\\]dist[/\\]esm[/\\]index\.js$/.test(esm)) fail(`import loads ${esm}, not the ES module build`);
+    if (!/[/\\]dist[/\\]index\.js$/.test(cjs)) fail(`require loads ${cjs}, not the CommonJS build`);
   });
 }
 
@@ -458,6 +484,25 @@ async function vitest(name, dir, node) {
       }
     });
   }
+}
+
+/** The app's own Jest suite: its AppModule on the memory store, then on a redis-server of our own. */
+async function jest(name, dir, node) {
+  await step(name, `jest, node ${node.full}`, async (fail) => {
+    const port = await freePort();
+    const redis = await startRedis(port, join(work, `${name}.jest.redis.log`));
+    try {
+      const result = await run(node.bin, APPS[name].jest, {
+        cwd: dir,
+        timeout: 180_000,
+        env: { REDIS_URL: `redis://127.0.0.1:${port}`, CI: 'true', NO_COLOR: '1' },
+        log: join(work, `${name}.jest.node${node.version}.log`),
+      });
+      if (!result.ok) fail(describeRun(`jest (node ${node.full})`, result));
+    } finally {
+      await stopRedis(redis);
+    }
+  });
 }
 
 /** Named imports of the package from ESM (`import { }`) and CommonJS (`require`), with this Node. */
@@ -656,10 +701,13 @@ async function main() {
   for (const [i, name] of appNames.entries()) {
     const dir = installed[i];
     const app = APPS[name];
-    const runs = usable.flatMap((node) => [
-      `imports, node ${node.full}`,
-      ...app.platforms.map((p) => `${p}, node ${node.full}`),
-    ]);
+    const runs = [
+      ...usable.filter((n) => JEST_NODES.has(n.version)).map((n) => `jest, node ${n.full}`),
+      ...usable.flatMap((node) => [
+        `imports, node ${node.full}`,
+        ...app.platforms.map((p) => `${p}, node ${node.full}`),
+      ]),
+    ];
     if (!dir || usable.length === 0) {
       for (const what of runs) report(false, name, what, 0, ['not run: the package or the app did not install']);
       continue;
@@ -667,6 +715,7 @@ async function main() {
     const built = await buildApp(name, dir);
     await oneCopy(name, dir, usable[0]);
     if (app.vitest) await vitest(name, dir, usable[0]);
+    for (const node of usable.filter((n) => JEST_NODES.has(n.version))) await jest(name, dir, node);
     for (const node of usable) {
       await imports(name, dir, node);
       for (const platform of app.platforms) {

@@ -1,13 +1,17 @@
 // Checks the package as the registry would ship it (run after `npm run build`):
 //   node test/package/check-package.mjs
-// 1. `npm pack --dry-run`: exactly the built JavaScript and declarations, README, CHANGELOG,
-//    LICENSE and package.json; no tests, sources, source maps or stray files.
+// 1. `npm pack --dry-run`: exactly the built JavaScript (CommonJS in dist/, ESM in dist/esm/ with
+//    its package.json) and declarations, README, CHANGELOG, LICENSE and package.json; no tests,
+//    sources, source maps or stray files.
 // 2. publint (strict) and @arethetypeswrong/cli: exports, types and module format line up under
 //    node10, node16 (from CJS and from ESM) and bundler resolution.
 // 3. Named imports of the built package by its own name, from ESM and from CommonJS, see the same
-//    exports (Node reads a CommonJS module's names statically for `import { X }`).
-import { execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+//    exports; `import` loads the ES module build (dist/esm/) and `require` the CommonJS one (dist/),
+//    and the ES module build require()s nothing but an optional peer: an ESM application (and
+//    Jest's ESM mode, which cannot require() Nest 12 from a module its tests import) never has a
+//    require() of Nest on its way. An app that loads both builds is told so when it starts.
+import { execFileSync, spawnSync } from 'node:child_process';
+import { readdirSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -23,10 +27,27 @@ const check = (ok, what) => {
 // ---- 1. what npm would publish ------------------------------------------------------------------
 const [pack] = JSON.parse(run('npm', ['pack', '--dry-run', '--json', '--ignore-scripts']));
 const files = pack.files.map((file) => file.path).sort();
-const allowed = [/^dist\/.+\.js$/, /^dist\/.+\.d\.ts$/, /^(README|CHANGELOG)\.md$/, /^LICENSE$/, /^package\.json$/];
+const allowed = [
+  /^dist\/.+\.js$/,
+  /^dist\/.+\.d\.ts$/,
+  /^dist\/esm\/package\.json$/,
+  /^(README|CHANGELOG)\.md$/,
+  /^LICENSE$/,
+  /^package\.json$/,
+];
 const stray = files.filter((file) => !allowed.some((pattern) => pattern.test(file)));
 check(stray.length === 0, `no stray files in the tarball${stray.length ? `: ${stray.join(', ')}` : ''}`);
-for (const required of ['LICENSE', 'README.md', 'CHANGELOG.md', 'package.json', 'dist/index.js', 'dist/index.d.ts']) {
+for (const required of [
+  'LICENSE',
+  'README.md',
+  'CHANGELOG.md',
+  'package.json',
+  'dist/index.js',
+  'dist/index.d.ts',
+  'dist/esm/index.js',
+  'dist/esm/index.d.ts',
+  'dist/esm/package.json',
+]) {
   check(files.includes(required), `the tarball has ${required}`);
 }
 // Test files end in .spec.* or -spec.* (not every name with "spec" in it: inspect.script.js ships).
@@ -85,6 +106,57 @@ check(
 for (const name of ['DisLock', 'DisLockModule', 'LockService', 'DisLockExceptionFilter', 'LockNotAcquiredError']) {
   check(esm.includes(name), `import { ${name} } from 'nestjs-dislock'`);
 }
+
+// Which build each loads, by the package's own name.
+const [esmEntry, cjsEntry] = [
+  names(`console.log(JSON.stringify(import.meta.resolve('nestjs-dislock')))`, 'module'),
+  names(`console.log(JSON.stringify(require.resolve('nestjs-dislock')))`, 'commonjs'),
+].map((entry) => entry.replace(/^file:\/\//, '').slice(root.length + 1));
+check(esmEntry === 'dist/esm/index.js', `import loads the ES module build (${esmEntry})`);
+check(cjsEntry === 'dist/index.js', `require loads the CommonJS build (${cjsEntry})`);
+const esmType = JSON.parse(readFileSync(join(root, 'dist', 'esm', 'package.json'), 'utf8')).type;
+check(esmType === 'module', `dist/esm/package.json says "type": "module" (${esmType})`);
+// The ES module build: require() only of @opentelemetry/api (an optional peer, loaded when installed).
+const esmFiles = readdirSync(join(root, 'dist', 'esm'), { recursive: true }).filter((f) => f.endsWith('.js'));
+const requires = esmFiles.flatMap((file) =>
+  [...readFileSync(join(root, 'dist', 'esm', file), 'utf8').matchAll(/\brequire\(\s*([^)]*)\)/g)]
+    .map((m) => m[1])
+    .filter((arg) => arg !== "'@opentelemetry/api'")
+    .map((arg) => `${file}: require(${arg})`),
+);
+check(
+  esmFiles.length > 0 && requires.length === 0,
+  `the ES module build require()s only @opentelemetry/api${requires.length ? `: ${requires.join(', ')}` : ''}`,
+);
+
+// Both builds in one process (an ESM app with a CommonJS module that requires the package): two
+// DisLockModules that do not know each other, which the module says when the app starts; one build,
+// nothing said.
+const startApp = (loadBoth) => {
+  const script = `
+    import 'reflect-metadata';
+    import { createRequire } from 'node:module';
+    import { Module } from '@nestjs/common';
+    import { NestFactory } from '@nestjs/core';
+    import { DisLockModule } from 'nestjs-dislock';
+    if (${loadBoth}) createRequire(import.meta.url)('nestjs-dislock');
+    class AppModule {}
+    Module({ imports: [DisLockModule.forRoot({ store: 'memory' })] })(AppModule);
+    const app = await NestFactory.createApplicationContext(AppModule, { logger: ['warn', 'error'] });
+    await app.close();
+  `;
+  const result = spawnSync(process.execPath, ['--input-type=module', '-e', script], { cwd: root, encoding: 'utf8' });
+  return { ok: result.status === 0, output: `${result.stdout}${result.stderr}` };
+};
+const [both, one] = [startApp(true), startApp(false)];
+check(
+  both.ok && /loaded twice in this process/.test(both.output),
+  `an app with both builds loaded says so when it starts${both.ok ? '' : `: ${both.output}`}`,
+);
+check(
+  one.ok && !/loaded twice/.test(one.output),
+  `an app with one build loaded says nothing${one.ok ? '' : `: ${one.output}`}`,
+);
 
 console.log(failures.length === 0 ? 'package: all checks passed' : `package: ${failures.length} check(s) failed`);
 process.exit(failures.length === 0 ? 0 : 1);
