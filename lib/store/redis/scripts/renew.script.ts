@@ -25,7 +25,7 @@ import { LuaScript } from './lua-script';
  *
  * A lock granted by a release to the head of its line (value 0, see line.lua.ts) is taken up by
  * its first renewal: the value becomes 1, so that a later attempt from the head's line cannot
- * take it up a second time.
+ * take it up a second time, and the hold gets its description (time and token), as every hold has.
  */
 /**
  * A write that allocates nothing (the key's expiry set to what it is), so that Redis lets the
@@ -76,8 +76,12 @@ for i, key in ipairs(KEYS) do
       redis.call('pexpire', key, lease)
     end
     if held == '0' then
+      -- with its description, as every hold has one (the release's count relies on it, see
+      -- WAITING_MARK): the grant's token is its field's suffix
+      ms = ms or ${SERVER_MS_LUA}
+      local described = string.format('%.0f', ms) .. '|' .. (string.match(owner, ':(%d+)$') or '') .. '|'
       ${TOUCH_LUA}
-      redis.call('hset', key, owner, 1)
+      redis.call('hset', key, owner, 1, '=' .. owner, described)
     end
     renewed[i] = 1
   else
