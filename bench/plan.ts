@@ -67,7 +67,13 @@ export const CLUSTER_UNCONTENDED: readonly ContenderId[] = ['raw', 'dislock-serv
 export const CLUSTER_CONTENDED: readonly ContenderId[] = ['raw-poll-1ms', 'dislock-service'];
 export const CLUSTER_CONTENDED_LAYOUT = [4, 4] as const;
 
-const LOCKERS: readonly ContenderId[] = ['dislock-service', 'dislock-decorator', 'redlock', 'redis-semaphore'];
+const LOCKERS: readonly ContenderId[] = [
+  'dislock-service',
+  'dislock-decorator',
+  'redlock',
+  'sesame-redlock',
+  'redis-semaphore',
+];
 
 function cell(group: Group, contender: ContenderId, name: string, timing: Timing, rest: Partial<CellSpec>): CellSpec {
   return {

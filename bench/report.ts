@@ -124,7 +124,7 @@ function uncontendedTable(outcomes: readonly Outcome[], index: Map<string, Outco
         ]
       : [
           'One process; `conc` loops at once, each on its own key. Ratios: to the raw ioredis ceiling (EVALSHA SET NX PX + EVALSHA compare-and-delete) at the same concurrency.',
-          'Fixed 10 s lease everywhere: dislock `expire: 10000`, redlock `retryCount: 0`, redis-semaphore `lockTimeout: 10000, refreshInterval: 0` (refresh disabled).',
+          'Fixed 10 s lease everywhere: dislock `expire: 10000`, redlock (5 beta) and sesame-redlock (@sesamecare-oss/redlock, its maintained fork) `retryCount: 0`, redis-semaphore `lockTimeout: 10000, refreshInterval: 0` (refresh disabled).',
           'CPU = Node process CPU (user+sys) per cycle; round trips = commands sent by the client; Redis calls = INFO commandstats delta, commands inside Lua scripts included.',
         ],
     header: [
@@ -184,7 +184,7 @@ function contendedTable(outcomes: readonly Outcome[], index: Map<string, Outcome
       : [
           'Layout: processes x workers per process. think: ms a worker pauses after its release. Ratios: to the raw poll-every-1-ms baseline of the same layout and think time.',
           'handover: from the end of one critical section (release about to be sent) to the start of the next one, by anyone. re-taken: share of handovers to the worker that just released. longest wait: longest time one worker waited for one turn. Jain: fairness of per-worker counts (1 = equal).',
-          'dislock: `expire: 10000, waitTime: 10000` (service: lock()+release(); decorator: @DisLock method). redlock: defaults (retryCount 10, retryDelay 200 +-100 ms). redis-semaphore: defaults (retryInterval 10 ms). fail: waits that ran out (then retried); bad: overlapping critical sections + errors (must be 0).',
+          'dislock: `expire: 10000, waitTime: 10000` (service: lock()+release(); decorator: @DisLock method). redlock (5 beta) and sesame-redlock (@sesamecare-oss/redlock): defaults (retryCount 10, retryDelay 200 +-100 ms). redis-semaphore: defaults (retryInterval 10 ms). fail: waits that ran out (then retried); bad: overlapping critical sections + errors (must be 0).',
         ],
     header: [
       'contender',

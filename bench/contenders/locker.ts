@@ -29,7 +29,7 @@ export interface Locker {
 export const NOTHING_LOGGED = { warnings: 0, errors: 0, first: [] };
 
 /**
- * Loads only what the contender needs (Nest is not loaded for the raw baselines, redlock or
+ * Loads only what the contender needs (Nest is not loaded for the raw baselines, the redlocks or
  * redis-semaphore). The raw baselines and nestjs-dislock also run on a Redis Cluster.
  */
 export async function createLocker(contender: ContenderId, mode: LockMode, target: RedisTarget): Promise<Locker> {
@@ -42,6 +42,8 @@ export async function createLocker(contender: ContenderId, mode: LockMode, targe
       return (await import('./dislock.js')).dislockLocker(contender === 'dislock-decorator', mode, target);
     case 'redlock':
       return (await import('./redlock.js')).redlockLocker(mode, serverUrl(target));
+    case 'sesame-redlock':
+      return (await import('./sesame-redlock.js')).sesameRedlockLocker(mode, serverUrl(target));
     case 'redis-semaphore':
       return (await import('./semaphore.js')).semaphoreLocker(mode, serverUrl(target));
     default:

@@ -16,6 +16,8 @@ export type ContenderId =
   // the renewal group: fixed leases, checked (never extended) on the renewal schedule
   | 'dislock-fixed'
   | 'redlock'
+  // @sesamecare-oss/redlock, the maintained fork of redlock
+  | 'sesame-redlock'
   | 'redis-semaphore'
   | 'no-lock'
   // the family group (in it, 'redis-semaphore' is that package's `Semaphore`): contenders/family.ts
