@@ -505,6 +505,21 @@ describe('history checker', () => {
         expect(rules([...holders, released('p1', 50), waitingPermit(60)])).toEqual([]);
       });
 
+      it('counts a holder that got in while the release was on its way (after the work ended, before the releaser recorded it)', () => {
+        // The release is sent as the work ends (40) and recorded once its reply is back (50): on a
+        // busy machine the head of the line, woken by the announcement, can have its handle first
+        // (seen in seed 5: a reader in 2 ms before the releaser's record, then 400 ms of sync work).
+        const first = writer('a', 1, 40, 1);
+        const inFlight = reader('r', 45, 450, 2, { worker: 2, waitedFrom: -100, calledAt: -100 });
+        expect(rules([first, released('a', 50), inFlight, waitingWriter(late)])).toEqual([]);
+        // Without it, the same release is judged: the room was left to the waiter.
+        expect(rules([first, released('a', 50), waitingWriter(late)])).toEqual(['lost-wake-up']);
+        // A holder whose handle came back before the work it followed had even ended took nothing
+        // this release freed (here another owner's earlier hold, told before the writer got in).
+        const earlier = reader('e', -200, 450, 0, { worker: 2, lostAt: 0 });
+        expect(rules([first, released('a', 50), earlier, waitingWriter(late)])).toEqual(['lost-wake-up']);
+      });
+
       it('does not judge a multi-lock’s parts as waits, nor a release while a failed multi-lock call may hold it', () => {
         const first = writer('a', 1, 49, 1);
         const part = hold({ owner: 'm', worker: 1, start: late, end: late + 1, token: 9, op: 'multi', waitedFrom: 0 });

@@ -38,7 +38,8 @@
  *
  * 3. A lost wake-up ('lost-wake-up'): a waiter still waiting `WAKE_MARGIN_MS` after a release of its
  *    lock that left room for it, with nobody else taking that room and no fault near any process.
- *    Only an explicit `release()` that answered true counts, and only its freeing of the lock: a
+ *    Only an explicit `release()` that answered true counts, and only its freeing of the lock (at
+ *    some instant between the end of the releaser's work, when it was sent, and its record): a
  *    release of a shared hold leaves the other holds still in (or ended just before it, their own
  *    release maybe under way). An exclusive waiter or a reader is judged when no hold was left and
  *    nobody took the lock; a permit waiter while the semaphore had room: fewer shared holders left
@@ -1053,9 +1054,16 @@ function checkWakeUps(
     if (released?.lockAtLeastFor && r < released.start + released.lockAtLeastFor + SETTLE_MS) continue;
     if (released?.forcedAt !== undefined) continue;
     const end = r + WAKE_MARGIN_MS;
+    // The release was sent as the owner's work ended and is recorded once its reply is back: it
+    // freed the lock somewhere in between, and a waiter woken by it may have its handle before
+    // the releaser's record (a loaded releaser reads its reply late).
+    const sent = Math.max(-Infinity, ...holds.filter((h) => h.owner === release.owner).map((h) => h.end));
+    const freedFrom = Math.min(r - 1, sent);
     // Someone may have taken the lock within the margin: a call under way then that got it first
     // (its acquisition reached Redis before its handle came back), or one whose outcome is unknown.
-    const takers = holds.filter((h) => h.name === release.name && h.start >= r - 1 && h.calledAt <= end);
+    const takers = holds.filter(
+      (h) => h.name === release.name && h.owner !== release.owner && h.start >= freedFrom && h.calledAt <= end,
+    );
     const unknown = events.some(
       (e) => e.kind === 'unknown' && e.name === release.name && e.from <= end && e.to + UNKNOWN_HOLD_MS >= r,
     );
@@ -1065,7 +1073,7 @@ function checkWakeUps(
     const remaining = new Map<string, Judged>();
     if (released && modeOf(released) !== 'exclusive') {
       for (const h of holds) {
-        if (h.name !== release.name || h.owner === release.owner || h.start >= r - 1) continue;
+        if (h.name !== release.name || h.owner === release.owner || h.start >= freedFrom) continue;
         if ((releasedAt.get(h.owner) ?? Infinity) <= r) continue;
         if (h.end + stalled(h.worker, h.end, r) + RELEASE_SLACK_MS > r) remaining.set(h.owner, h);
       }
