@@ -10,6 +10,9 @@ import {
   type GiveUpRecord,
   type HistoryEvent,
   type HoldRecord,
+  lateReportFrom,
+  LOSS_TELL_MS,
+  lossesOf,
   type UnknownRecord,
   WAKE_MARGIN_MS,
 } from './support/history/history';
@@ -613,6 +616,21 @@ describe('history checker: Redis forgets its locks (rule 5: restart without pers
     const blackhole: FaultRecord = { worker: 0, kind: 'blackhole', from: F + 200, to: F + 300 };
     expect(check([lost, next], [...flushed, blackhole])).toEqual([]);
     expect(check([lost, next], [...flushed, { ...blackhole, worker: 1 }])).toEqual(['overlap', 'told-late']);
+  });
+
+  it('names the first late instant for a report, stalls and faults counted (what the forged histories use)', () => {
+    const [loss] = lossesOf(flushed);
+    const options = { operationTimeoutMs: 400, redisClockOffsetMs: 0 };
+    expect(lateReportFrom([], flushed, options, 0, loss, F)).toBe(F + LOSS_TELL_MS + 10);
+    // 600 ms stood still after Redis was back: excused that much later (and its report slack)
+    const paused: HistoryEvent[] = [{ kind: 'pause', worker: 0, from: F + 100, to: F + 700 }];
+    const at = lateReportFrom(paused, flushed, options, 0, loss, F);
+    expect(at).toBeGreaterThan(F + LOSS_TELL_MS + 600);
+    expect(at).toBeLessThanOrEqual(F + LOSS_TELL_MS + 600 + 30);
+    // and a hold told then is flagged, one told 10 ms before is not
+    const told = (lostAt: number) => check([...paused, held('a', 0, F - 500, F + 2_000, { lostAt })]);
+    expect(told(at)).toEqual(['told-late']);
+    expect(told(at - 10)).toEqual([]);
   });
 
   it('orders the tokens of a hold Redis forgot after one taken anew only by its time to be told (2b); 2a stands', () => {

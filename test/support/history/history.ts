@@ -809,6 +809,31 @@ export function checkHistory(
   return violations;
 }
 
+/**
+ * The first instant from `from` on at which a report to `worker` that Redis forgot its locks
+ * (`loss`) is late by rule 5, with every excuse the checker gives counted (faults on its
+ * connection, its event loop's stalls since Redis was back): for a forged history that must be
+ * flagged however loaded the machine was (a holder whose loop stood still half the time is
+ * excused a long way past LOSS_TELL_MS).
+ */
+export function lateReportFrom(
+  events: readonly HistoryEvent[],
+  faults: readonly FaultRecord[],
+  options: CheckOptions,
+  worker: number,
+  loss: Loss,
+  from: number,
+): number {
+  const paused = pausedIn(events.filter((e): e is PauseRecord => e.kind === 'pause'));
+  const faultsOf = new Map<number, FaultRecord[]>();
+  for (const f of faults) faultsOf.set(f.worker, [...(faultsOf.get(f.worker) ?? []), f]);
+  const forgetting = new Forgetting(lossesOf(faults), faultsOf, paused, options.redisClockOffsetMs);
+  let at = from;
+  // A loop stands still for a bounded time: the running time since `loss.to` grows past the deadline.
+  while (forgetting.inTime(worker, loss, at)) at += 10;
+  return at;
+}
+
 /** Rule 1, for the holds of one name in `start` order. */
 function checkHolders(list: readonly Judged[], paused: Paused, forgetting: Forgetting, violations: Violation[]): void {
   const active: Judged[] = [];
