@@ -521,6 +521,12 @@ describe('history checker', () => {
         // this release freed (here another owner's earlier hold, told before the writer got in).
         const earlier = reader('e', -200, 450, 0, { worker: 2, lostAt: 0 });
         expect(rules([first, released('a', 50), earlier, waitingWriter(late)])).toEqual(['lost-wake-up']);
+        // Nor one in and out again well before the record (its own release on its way 20 ms at
+        // most): the lock was free once more by then. (The writer's release took 40 ms here.)
+        const quick = writer('a', 1, 10, 1);
+        const inAndOut = reader('o', 12, 20, 2, { worker: 2 });
+        expect(rules([quick, released('a', 50), inAndOut, waitingWriter(late)])).toEqual(['lost-wake-up']);
+        expect(rules([quick, released('a', 50), { ...inAndOut, end: 45 }, waitingWriter(late)])).toEqual([]);
       });
 
       it('does not judge a multi-lock’s parts as waits, nor a release while a failed multi-lock call may hold it', () => {

@@ -1086,8 +1086,14 @@ function checkWakeUps(
     const freedFrom = Math.min(r - 1, sent);
     // Someone may have taken the lock within the margin: a call under way then that got it first
     // (its acquisition reached Redis before its handle came back), or one whose outcome is unknown.
+    // One in before the record counts only while it was still in then: one gone before it left
+    // the lock free again by then.
     const takers = holds.filter(
-      (h) => h.name === release.name && h.owner !== release.owner && h.start >= freedFrom && h.calledAt <= end,
+      (h) =>
+        h.name === release.name &&
+        h.owner !== release.owner &&
+        h.calledAt <= end &&
+        (h.start >= r - 1 || (h.start >= freedFrom && h.end + RELEASE_SLACK_MS > r)),
     );
     const unknown = events.some(
       (e) => e.kind === 'unknown' && e.name === release.name && e.from <= end && e.to + UNKNOWN_HOLD_MS >= r,
@@ -1098,7 +1104,7 @@ function checkWakeUps(
     const remaining = new Map<string, Judged>();
     if (released && modeOf(released) !== 'exclusive') {
       for (const h of holds) {
-        if (h.name !== release.name || h.owner === release.owner || h.start >= freedFrom) continue;
+        if (h.name !== release.name || h.owner === release.owner || h.start >= r - 1) continue;
         if ((releasedAt.get(h.owner) ?? Infinity) <= r) continue;
         if (h.end + stalled(h.worker, h.end, r) + RELEASE_SLACK_MS > r) remaining.set(h.owner, h);
       }
