@@ -177,6 +177,7 @@ export class DisLockInterceptor {
 
   /** The method's span, when OpenTelemetry traces. */
   private startSpan(spec: LockedMethodSpec, handle: Held): MethodSpan | undefined {
+    if (!this.telemetry.traces) return undefined;
     const subject =
       handle instanceof LockSet
         ? { name: handle.name, key: handle.key, kind: 'exclusive' as const, label: spec.options.label }

@@ -60,7 +60,7 @@ export class HeldLocks implements HoldKeeper {
   /** Start keeping a lock just taken in Redis: renewed, or watched until its fixed lease ends. */
   add(lock: HeldLock): void {
     this.held.add(lock);
-    this.events.heldChanged(1, lock.eventBase);
+    if (this.events.followsHeld) this.events.heldChanged(1, lock.eventBase);
     this.watchdog.start(lock);
     this.lossWatch.added(lock);
   }
@@ -327,7 +327,7 @@ export class HeldLocks implements HoldKeeper {
   /** Leave the `held` state: stop the watchdog and forget the lock. */
   private settle(lock: HeldLock, state: HeldLock['state']): void {
     this.watchdog.stop(lock);
-    if (this.held.delete(lock)) this.events.heldChanged(-1, lock.eventBase);
+    if (this.held.delete(lock) && this.events.followsHeld) this.events.heldChanged(-1, lock.eventBase);
     if (this.held.size === 0) this.lossWatch.idle();
     lock.state = state;
   }
