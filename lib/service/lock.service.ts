@@ -54,6 +54,10 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   private readonly operator: Operator;
   private readonly logger = new Logger('DisLock');
   private readonly events = new LockEvents(this.logger);
+  /** The options of a call that passes none: every module default. */
+  private defaults: ResolvedLockOptions | undefined;
+  /** Each `@DisLock` method's resolved options (see `resolveFor`). */
+  private readonly resolvedFor = new WeakMap<LockOptions, ResolvedLockOptions>();
 
   constructor(
     @Inject(DISLOCK_RESOLVED_OPTIONS) private readonly options: ResolvedModuleOptions,
@@ -76,12 +80,19 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
    * `{ mode: 'read' | 'write' }` takes a read-write lock, `{ permits }` a semaphore's permit; an
    * array of names takes them all or none (a multi-lock, see `LockSetHandle`).
    */
-  async tryLock(names: readonly string[], options?: LockOptions): Promise<LockSetHandle | null>;
-  async tryLock(name: string, options?: LockOptions): Promise<LockHandle | null>;
-  async tryLock(name: string | readonly string[], options?: LockOptions): Promise<LockHandle | null> {
-    const lockName = checkLockNames('LockService', name, options);
-    const resolved = this.resolve('LockService.tryLock', options);
-    return this.take(lockName, resolved, false, options?.signal);
+  tryLock(names: readonly string[], options?: LockOptions): Promise<LockSetHandle | null>;
+  tryLock(name: string, options?: LockOptions): Promise<LockHandle | null>;
+  tryLock(name: string | readonly string[], options?: LockOptions): Promise<LockHandle | null> {
+    // Not an async function, which would only wrap the acquisition's promise in one more; a bad
+    // argument still rejects rather than throws.
+    try {
+      const lockName = checkLockNames('LockService', name, options);
+      const resolved = this.resolve('LockService.tryLock', options);
+      return this.take(lockName, resolved, false, options?.signal);
+    } catch (error) {
+      // eslint-disable-next-line @typescript-eslint/prefer-promise-reject-errors -- what the checks threw, as is
+      return Promise.reject(error);
+    }
   }
 
   /**
@@ -188,7 +199,7 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
     cancel?: AbortSignal,
     caller?: string,
   ): Promise<Held | null> {
-    const resolved = { ...resolveLockOptions(this.options, options), caller };
+    const resolved = this.resolveFor(options, caller);
     const names = typeof name === 'string' ? name : checkLockNames('LockService', name, options);
     const handle = await this.take(names, resolved, keepOnShutdown, cancel);
     if (handle) return handle;
@@ -280,6 +291,20 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   }
 
   private resolve(where: string, options: LockOptions | undefined): ResolvedLockOptions {
+    if (options === undefined) return (this.defaults ??= resolveLockOptions(this.options, {}));
     return resolveLockOptions(this.options, validateLockOptions(where, options));
+  }
+
+  /**
+   * A `@DisLock` method's options (validated when its class was defined, never changed since) with
+   * the module defaults and its `caller`: resolved on its first call, the same object after that.
+   */
+  private resolveFor(options: LockOptions, caller: string | undefined): ResolvedLockOptions {
+    let resolved = this.resolvedFor.get(options);
+    if (resolved === undefined || resolved.caller !== caller) {
+      resolved = { ...resolveLockOptions(this.options, options), caller };
+      this.resolvedFor.set(options, resolved);
+    }
+    return resolved;
   }
 }
