@@ -67,6 +67,7 @@ export class HeldLocks implements HoldKeeper {
 
   /** Shutdown: nothing is held any more, nothing to watch. */
   close(): void {
+    this.watchdog.close();
     this.lossWatch.close();
   }
 
@@ -328,7 +329,6 @@ export class HeldLocks implements HoldKeeper {
   private settle(lock: HeldLock, state: HeldLock['state']): void {
     this.watchdog.stop(lock);
     if (this.held.delete(lock) && this.events.followsHeld) this.events.heldChanged(-1, lock.eventBase);
-    if (this.held.size === 0) this.lossWatch.idle();
     lock.state = state;
   }
 }
