@@ -85,7 +85,18 @@ export class Acquisition implements Attempter {
     const progress = { waited: false };
     this.gate.enter();
     try {
-      let handle = await this.acquireNow(name, options, keepOnShutdown, cancel, progress, startedAt);
+      const key = this.keyOf(name, options);
+      let handle: Handle | null;
+      if (cancel?.aborted) {
+        handle = null;
+      } else if (options.waitTime === 0 && !this.scope.find(key) && !this.line.leaving(key)) {
+        // The common case, without one more async function: one attempt, with no hold of the
+        // caller's own to re-enter and no leave of the key's line on its way.
+        const only = await this.attempt(name, key, options, keepOnShutdown);
+        handle = only instanceof Handle ? only : null;
+      } else {
+        handle = await this.acquireNow(name, key, options, keepOnShutdown, cancel, progress, startedAt);
+      }
       if (handle && cancel?.aborted) {
         // The caller gave up while the attempt that took the lock was on its way: it will not use
         // the lock, so it goes back at once.
@@ -153,14 +164,8 @@ export class Acquisition implements Attempter {
     }
   }
 
-  private async acquireNow(
-    name: string,
-    options: ResolvedLockOptions,
-    keepOnShutdown: boolean,
-    cancel: AbortSignal | undefined,
-    progress: { waited: boolean },
-    startedAt: number,
-  ): Promise<Handle | null> {
+  /** The key of the lock `name`; throws when the application is shutting down, or `name` or `options` are refused. */
+  private keyOf(name: string, options: ResolvedLockOptions): string {
     this.gate.assertOpen(name);
     for (const reserved of this.store.reservedPrefixes) {
       if (!name.startsWith(reserved)) continue;
@@ -175,8 +180,19 @@ export class Acquisition implements Attempter {
         `Lock "${name}": semaphores ("permits") are not offered over Redlock, whose nodes each count their own holders (more than "permits" could each win a majority); use a single Redis, Sentinel or a Cluster`,
       );
     }
-    if (cancel?.aborted) return null;
-    const key = this.options.keyPrefix + name;
+    return this.options.keyPrefix + name;
+  }
+
+  /** Every other case: re-entering the caller's own hold, after a leave of the key's line, or waiting. */
+  private async acquireNow(
+    name: string,
+    key: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    cancel: AbortSignal | undefined,
+    progress: { waited: boolean },
+    startedAt: number,
+  ): Promise<Handle | null> {
     const deadline = startedAt + options.waitTime;
     const outer = this.scope.find(key)?.lock;
     if (outer) {
