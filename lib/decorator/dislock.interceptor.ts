@@ -68,15 +68,8 @@ export class DisLockInterceptor {
    */
   async run(spec: LockedMethodSpec, invoke: () => unknown, args: readonly unknown[]): Promise<unknown> {
     const name = spec.resolveKey(args); // throws KeyResolutionError before Redis is touched
-    const handle = await this.locks.acquireFor(
-      name,
-      spec.options,
-      !spec.releaseOnFinish,
-      spec.onBusy,
-      undefined,
-      spec.method,
-    );
-    if (!handle) return undefined; // busy, and `onBusy: 'skip'`
+    const handle = await this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, undefined, spec.method);
+    if (!handle) return this.locks.busyFor(name, spec.options, spec.onBusy, undefined, spec.method); // throws, or skips
     const span = this.startSpan(spec, handle);
     let failure: unknown;
     try {
@@ -126,10 +119,16 @@ export class DisLockInterceptor {
       }
       const cancel = new AbortController();
       let settled = false;
-      this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, spec.onBusy, cancel.signal, spec.method).then(
+      this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, cancel.signal, spec.method).then(
         (handle) => {
           settled = true;
           if (!handle) {
+            try {
+              this.locks.busyFor(name, spec.options, spec.onBusy, cancel.signal, spec.method);
+            } catch (error) {
+              subscriber.error(error);
+              return;
+            }
             subscriber.complete();
             return;
           }

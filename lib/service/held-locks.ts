@@ -112,26 +112,30 @@ export class HeldLocks implements HoldKeeper {
    * expire: renewal goes on while reentrant holds of it still run, then stops. Never rejects: a
    * failure is logged, the lease then ends the lock on its own.
    */
-  async finish(handle: Handle, release: boolean): Promise<void> {
-    if (!release && !handle.reentrant) {
-      if (!handle.finishKeeping()) return;
-      const lock = handle.lock;
-      lock.outerDone = true;
-      lock.keepKey = true;
-      lock.stopAsked = true;
-      lock.holds -= 1;
-      if (lock.holds === 0 && lock.state === 'held') await this.leaveToExpire(lock);
-      return;
-    }
-    try {
-      await handle.release();
-    } catch (error) {
-      // The log says what Redis reported: the error's own message leaves that to its cause.
-      const why = error instanceof RedisUnavailableError ? error.cause : error;
-      this.logger.warn(
-        `Releasing lock "${handle.name}" failed (${describeError(why)}); it is retried while Redis does not answer, and the lock expires within its lease at the latest`,
-      );
-    }
+  finish(handle: Handle, release: boolean): Promise<void> {
+    if (!release && !handle.reentrant) return this.finishKeeping(handle);
+    // Not an async function around the release: every @DisLock call ends here.
+    return handle.release().then(
+      () => undefined,
+      (error: unknown) => {
+        // The log says what Redis reported: the error's own message leaves that to its cause.
+        const why = error instanceof RedisUnavailableError ? error.cause : error;
+        this.logger.warn(
+          `Releasing lock "${handle.name}" failed (${describeError(why)}); it is retried while Redis does not answer, and the lock expires within its lease at the latest`,
+        );
+      },
+    );
+  }
+
+  /** The outermost hold ends with `ifExpireWhenFinish: false`: the key is left to expire once no reentrant hold runs. */
+  private async finishKeeping(handle: Handle): Promise<void> {
+    if (!handle.finishKeeping()) return;
+    const lock = handle.lock;
+    lock.outerDone = true;
+    lock.keepKey = true;
+    lock.stopAsked = true;
+    lock.holds -= 1;
+    if (lock.holds === 0 && lock.state === 'held') await this.leaveToExpire(lock);
   }
 
   /**

@@ -188,28 +188,42 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   // ---- used by the interceptor -------------------------------------------------------------
 
   /**
-   * @internal Acquire for a decorated method. When the lock stays busy: rejects with
-   * `LockNotAcquiredError`, or (`onBusy: 'skip'`) logs at debug level and resolves `null`.
+   * @internal Acquire for a decorated method: the handle, or `null` when the lock stays busy (see
+   * `busyFor`). `options` are the method's own, validated when its class was defined.
    */
-  async acquireFor(
+  acquireFor(
     name: string | readonly string[],
     options: LockOptions,
     keepOnShutdown: boolean,
-    onBusy: 'throw' | 'skip',
     cancel?: AbortSignal,
     caller?: string,
   ): Promise<Held | null> {
-    const resolved = this.resolveFor(options, caller);
-    const names = typeof name === 'string' ? name : checkLockNames('LockService', name, options);
-    const handle = await this.take(names, resolved, keepOnShutdown, cancel);
-    if (handle) return handle;
-    if (onBusy === 'throw')
-      throw new LockNotAcquiredError(describeNames(names), resolved.waitTime, busyHoldOf(resolved));
-    if (!cancel?.aborted) {
-      const busy = new LockNotAcquiredError(describeNames(names), resolved.waitTime, busyHoldOf(resolved));
-      this.logger.debug(`${busy.message}: skipped the call (onBusy: 'skip')`);
+    // Not an async function, which would only wrap the acquisition's promise in one more.
+    try {
+      const names = typeof name === 'string' ? name : checkLockNames('LockService', name, options);
+      return this.take(names, this.resolveFor(options, caller), keepOnShutdown, cancel);
+    } catch (error) {
+      // eslint-disable-next-line @typescript-eslint/prefer-promise-reject-errors -- what the checks threw, as is
+      return Promise.reject(error);
     }
-    return null;
+  }
+
+  /**
+   * @internal A decorated method's lock stayed busy (`acquireFor` resolved `null`): throws
+   * `LockNotAcquiredError`, or (`onBusy: 'skip'`) logs at debug level and returns.
+   */
+  busyFor(
+    name: string | readonly string[],
+    options: LockOptions,
+    onBusy: 'throw' | 'skip',
+    cancel?: AbortSignal,
+    caller?: string,
+  ): void {
+    const names = typeof name === 'string' ? name : checkLockNames('LockService', name, options);
+    const resolved = this.resolveFor(options, caller);
+    const busy = new LockNotAcquiredError(describeNames(names), resolved.waitTime, busyHoldOf(resolved));
+    if (onBusy === 'throw') throw busy;
+    if (!cancel?.aborted) this.logger.debug(`${busy.message}: skipped the call (onBusy: 'skip')`);
   }
 
   /** @internal Run `fn` with `handle` (every part of a multi-lock) as part of the async call chain's held locks. */
