@@ -38,7 +38,7 @@ export class Acquisition implements Attempter {
   private readonly identity: string;
   /** The description of a holder with neither label nor caller: the identity alone. */
   private readonly plainDescription: string;
-  /** The description of each options object with a label or a caller, made on its first attempt. */
+  /** The description of each `@DisLock` method's options, made on its first attempt. */
   private readonly descriptions = new WeakMap<ResolvedLockOptions, string>();
 
   constructor(
@@ -57,17 +57,24 @@ export class Acquisition implements Attempter {
 
   /**
    * The holder's description for `inspect` (JSON): where it runs, and what took the lock. Made once
-   * per options object (a `@DisLock` method's are resolved once), not on every attempt.
+   * per `@DisLock` method (its options are resolved once, with the method as `caller`), not on
+   * every attempt; a `LockService` call's options are resolved per call, so its label is written
+   * per call.
    */
   private describe(options: ResolvedLockOptions): string {
-    if (options.label === undefined && options.caller === undefined) return this.plainDescription;
+    if (options.caller === undefined) {
+      return options.label === undefined ? this.plainDescription : this.describeNow(options);
+    }
     let description = this.descriptions.get(options);
     if (description === undefined) {
-      const what = JSON.stringify({ label: options.label, caller: options.caller }).slice(1);
-      description = `{${this.identity},${what}`;
+      description = this.describeNow(options);
       this.descriptions.set(options, description);
     }
     return description;
+  }
+
+  private describeNow(options: ResolvedLockOptions): string {
+    return `{${this.identity},${JSON.stringify({ label: options.label, caller: options.caller }).slice(1)}`;
   }
 
   /**
