@@ -99,7 +99,7 @@ export class Acquisition implements Attempter {
       } else if (options.waitTime === 0 && !this.scope.find(key) && !this.line.leaving(key)) {
         // The common case, without one more async function: one attempt, with no hold of the
         // caller's own to re-enter and no leave of the key's line on its way.
-        const only = await this.attempt(name, key, options, keepOnShutdown);
+        const only = await this.attempt(name, key, options, keepOnShutdown, undefined, undefined, startedAt);
         handle = only instanceof Handle ? only : null;
       } else {
         handle = await this.acquireNow(name, key, options, keepOnShutdown, cancel, progress, startedAt);
@@ -290,11 +290,12 @@ export class Acquisition implements Attempter {
     keepOnShutdown: boolean,
     seat?: LineSeat,
     until?: number,
+    /** A clock reading taken just before, to count the lease from (earlier than the send: safe). */
+    sentAt = now(),
   ): Promise<Handle | number> {
     const share = shareOf(options);
     const owner = this.ownerIds.next(share !== undefined);
     const lease = leaseOf(options);
-    const sentAt = now();
     let result;
     try {
       result = await this.store.acquire(key, owner, lease, {
