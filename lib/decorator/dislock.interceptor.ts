@@ -44,6 +44,11 @@ function toObservable(result: unknown): Observable<unknown> {
   return of(result);
 }
 
+/** What a method declared to return a Promise returned, as something to await: an Observable's last value. */
+function awaitable(result: unknown): unknown {
+  return isObservable(result) ? lastValueFrom(result, { defaultValue: undefined }) : result;
+}
+
 /**
  * What runs a `@DisLock` method: resolve the key, acquire, run the method inside the lock's async
  * scope, then release the lock (or only stop renewing it); the result or error comes out only once
@@ -73,13 +78,8 @@ export class DisLockInterceptor {
     const span = this.startSpan(spec, handle);
     let failure: unknown;
     try {
-      return await this.locks.runInScope(handle, () => {
-        const call = (): unknown => {
-          const result = invoke();
-          return isObservable(result) ? lastValueFrom(result, { defaultValue: undefined }) : result;
-        };
-        return span ? span.run(call) : call();
-      });
+      const call = (): unknown => awaitable(invoke());
+      return await this.locks.runInScope(handle, span ? () => span.run(call) : call);
     } catch (error) {
       failure = error;
       throw error;
