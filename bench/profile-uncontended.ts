@@ -33,6 +33,7 @@
  */
 import { AsyncLocalStorage, createHook } from 'node:async_hooks';
 import { writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { Session } from 'node:inspector/promises';
 import { parseArgs } from 'node:util';
 import { startDislockApp } from './contenders/nest-app';
@@ -68,6 +69,41 @@ function fakeEvalsha(client: Redis, answer: (args: readonly unknown[]) => unknow
     batch.push([command, answer(command.args)]);
     return command.promise;
   };
+}
+
+/**
+ * What Redis answers the lock scripts of an uncontended cycle, told apart by their SHA (not by how
+ * many keys they name, which changes with the scripts): every acquisition is granted with the next
+ * fencing token, every release frees a lock nobody waits for, every renewal or check of a batch finds
+ * its lock held, a reentrant check finds it held with the whole lease left.
+ */
+function lockScriptAnswers(): (args: readonly unknown[]) => unknown {
+  let token = 1_700_000_000_000_000;
+  const answers = new Map<unknown, (args: readonly unknown[]) => unknown>([
+    [scriptSha('acquire', 'ACQUIRE_SCRIPT'), () => [1, (token += 1)]],
+    [scriptSha('acquire-shared', 'ACQUIRE_SHARED_SCRIPT'), () => [1, (token += 1)]],
+    [scriptSha('release', 'RELEASE_SCRIPT'), () => [1, '', '', '']],
+    [scriptSha('renew', 'RENEW_SCRIPT'), (args) => Array.from({ length: Number(args[1]) }, () => 1)],
+    [scriptSha('check', 'CHECK_SCRIPT'), () => [1, LEASE_MS]],
+  ]);
+  return (args) => {
+    const answer = answers.get(args[0]);
+    if (!answer) throw new Error(`--fake-redis: no answer for the script ${String(args[0])}`);
+    return answer(args);
+  };
+}
+
+/**
+ * The SHA of one of the library's lock scripts, from the package's own file (`lib/` through
+ * ts-register, or the built `dist/`): the scripts are not part of its public API.
+ */
+function scriptSha(script: string, exported: string): string {
+  const scripts = join(dirname(require.resolve('nestjs-dislock')), 'store', 'redis', 'scripts');
+  // eslint-disable-next-line @typescript-eslint/no-require-imports -- a file of the package, not an entry point of it
+  const module = require(join(scripts, `${script}.script`)) as Record<string, { readonly sha: string } | undefined>;
+  const sha = module[exported]?.sha;
+  if (sha === undefined) throw new Error(`--fake-redis: no ${exported} in ${scripts}`);
+  return sha;
 }
 
 async function main(): Promise<void> {
@@ -129,10 +165,7 @@ async function main(): Promise<void> {
       }
     }
     close = () => app.close();
-    let token = 1_700_000_000_000_000;
-    // The lock scripts: acquire names 4 keys (the lock, its slot's fencing counter and the two keys
-    // of its line of waiters), release 3 (the lock and the line's keys).
-    if (values['fake-redis']) fakeEvalsha(client, (args) => (Number(args[1]) >= 4 ? [1, (token += 1)] : 1));
+    if (values['fake-redis']) fakeEvalsha(client, lockScriptAnswers());
     const options = {
       expire: LEASE_MS,
       ...(values.permits !== undefined && { permits: Number(values.permits) }),

@@ -115,6 +115,7 @@ export class HeldLock implements Scheduled {
   /** `performance.now()` from which `lockAtLeastFor` counts: when the acquisition was sent. */
   readonly lockedAt: number;
   private abortController: AbortController | undefined;
+  private subject: LockEventSubject | undefined;
 
   constructor(
     readonly name: string,
@@ -156,9 +157,9 @@ export class HeldLock implements Scheduled {
     return holdKindOf(this.options);
   }
 
-  /** Which lock, for its events. */
+  /** Which lock, for its events; made once, on first use (the lock's name, key and options never change). */
   get eventBase(): LockEventSubject {
-    return eventSubjectOf(this.name, this.key, this.options);
+    return (this.subject ??= eventSubjectOf(this.name, this.key, this.options));
   }
 
   /** Whether the watchdog renews this lock (no fixed `expire`). */

@@ -108,11 +108,19 @@ export class Watchdog {
     this.lag = { minute, current: 0, previous: minute === this.lag.minute + 1 ? this.lag.current : 0 };
   }
 
-  /** Stop watching: released, detached, lost or shut down. Idempotent. */
+  /**
+   * Stop watching: released, detached, lost or shut down. Idempotent. The timer stays set even
+   * when nothing is left to watch: a lock taken soon after (the next one of a loop) is due later
+   * and needs no timer of its own, and a timer that finds nothing due sets none (see `tick`).
+   */
   stop(lock: HeldLock): void {
     lock.due = undefined;
     this.schedule.remove(lock);
-    if (this.schedule.size === 0) this.disarm();
+  }
+
+  /** Shutdown: nothing is watched any more; no timer is left behind. */
+  close(): void {
+    this.disarm();
   }
 
   /** Stop watching a lock and report it lost. Does nothing if it is not held. */
@@ -133,7 +141,10 @@ export class Watchdog {
     this.arm();
   }
 
-  /** One timer, set for the earliest due lock. */
+  /**
+   * One timer, set for the earliest due lock; a timer set for earlier than that is left as it is
+   * (it finds nothing due, and sets the next). Never one timer per lock.
+   */
   private arm(): void {
     const first = this.schedule.peek();
     if (!first) return this.disarm();

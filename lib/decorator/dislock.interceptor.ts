@@ -44,6 +44,11 @@ function toObservable(result: unknown): Observable<unknown> {
   return of(result);
 }
 
+/** What a method declared to return a Promise returned, as something to await: an Observable's last value. */
+function awaitable(result: unknown): unknown {
+  return isObservable(result) ? lastValueFrom(result, { defaultValue: undefined }) : result;
+}
+
 /**
  * What runs a `@DisLock` method: resolve the key, acquire, run the method inside the lock's async
  * scope, then release the lock (or only stop renewing it); the result or error comes out only once
@@ -68,25 +73,13 @@ export class DisLockInterceptor {
    */
   async run(spec: LockedMethodSpec, invoke: () => unknown, args: readonly unknown[]): Promise<unknown> {
     const name = spec.resolveKey(args); // throws KeyResolutionError before Redis is touched
-    const handle = await this.locks.acquireFor(
-      name,
-      spec.options,
-      !spec.releaseOnFinish,
-      spec.onBusy,
-      undefined,
-      spec.method,
-    );
-    if (!handle) return undefined; // busy, and `onBusy: 'skip'`
+    const handle = await this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, undefined, spec.method);
+    if (!handle) return this.locks.busyFor(name, spec.options, spec.onBusy, undefined, spec.method); // throws, or skips
     const span = this.startSpan(spec, handle);
     let failure: unknown;
     try {
-      return await this.locks.runInScope(handle, () => {
-        const call = (): unknown => {
-          const result = invoke();
-          return isObservable(result) ? lastValueFrom(result, { defaultValue: undefined }) : result;
-        };
-        return span ? span.run(call) : call();
-      });
+      const call = (): unknown => awaitable(invoke());
+      return await this.locks.runInScope(handle, span ? () => span.run(call) : call);
     } catch (error) {
       failure = error;
       throw error;
@@ -126,10 +119,16 @@ export class DisLockInterceptor {
       }
       const cancel = new AbortController();
       let settled = false;
-      this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, spec.onBusy, cancel.signal, spec.method).then(
+      this.locks.acquireFor(name, spec.options, !spec.releaseOnFinish, cancel.signal, spec.method).then(
         (handle) => {
           settled = true;
           if (!handle) {
+            try {
+              this.locks.busyFor(name, spec.options, spec.onBusy, cancel.signal, spec.method);
+            } catch (error) {
+              subscriber.error(error);
+              return;
+            }
             subscriber.complete();
             return;
           }
@@ -177,6 +176,7 @@ export class DisLockInterceptor {
 
   /** The method's span, when OpenTelemetry traces. */
   private startSpan(spec: LockedMethodSpec, handle: Held): MethodSpan | undefined {
+    if (!this.telemetry.traces) return undefined;
     const subject =
       handle instanceof LockSet
         ? { name: handle.name, key: handle.key, kind: 'exclusive' as const, label: spec.options.label }

@@ -92,6 +92,11 @@ export class LockEvents {
     return () => void this.heldListeners.delete(listener);
   }
 
+  /** @internal Whether anyone follows the held count (see `onHeldChange`). */
+  get followsHeld(): boolean {
+    return this.heldListeners.size > 0;
+  }
+
   /** @internal See `onHeldChange`. */
   heldChanged(delta: number, lock: LockEventSubject): void {
     for (const listener of this.heldListeners) listener(delta, lock);

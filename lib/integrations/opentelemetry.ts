@@ -92,6 +92,11 @@ export class DisLockTelemetry implements OnModuleInit, OnApplicationShutdown {
     for (const stop of this.stops.splice(0)) stop();
   }
 
+  /** Whether locked methods get spans: an SDK's tracer provider is registered. */
+  get traces(): boolean {
+    return this.tracer !== undefined;
+  }
+
   /** A span for one run of a locked method, or undefined without tracing. */
   startMethod(method: string, subject: LockEventSubject): MethodSpan | undefined {
     const api = this.api;

@@ -36,6 +36,10 @@ export class Acquisition implements Attempter {
   private readonly ownerIds = new OwnerIds();
   /** The part of every holder's description that never changes: where this application runs. */
   private readonly identity: string;
+  /** The description of a holder with neither label nor caller: the identity alone. */
+  private readonly plainDescription: string;
+  /** The description of each `@DisLock` method's options, made on its first attempt. */
+  private readonly descriptions = new WeakMap<ResolvedLockOptions, string>();
 
   constructor(
     private readonly options: ResolvedModuleOptions,
@@ -48,11 +52,28 @@ export class Acquisition implements Attempter {
   ) {
     const identity = JSON.stringify({ host: hostname(), pid: process.pid, app: options.appName });
     this.identity = identity.slice(1, -1);
+    this.plainDescription = `{${this.identity}}`;
   }
 
-  /** The holder's description for `inspect` (JSON): where it runs, and what took the lock. */
+  /**
+   * The holder's description for `inspect` (JSON): where it runs, and what took the lock. Made once
+   * per `@DisLock` method (its options are resolved once, with the method as `caller`), not on
+   * every attempt; a `LockService` call's options are resolved per call, so its label is written
+   * per call.
+   */
   private describe(options: ResolvedLockOptions): string {
-    if (options.label === undefined && options.caller === undefined) return `{${this.identity}}`;
+    if (options.caller === undefined) {
+      return options.label === undefined ? this.plainDescription : this.describeNow(options);
+    }
+    let description = this.descriptions.get(options);
+    if (description === undefined) {
+      description = this.describeNow(options);
+      this.descriptions.set(options, description);
+    }
+    return description;
+  }
+
+  private describeNow(options: ResolvedLockOptions): string {
     return `{${this.identity},${JSON.stringify({ label: options.label, caller: options.caller }).slice(1)}`;
   }
 
@@ -71,7 +92,18 @@ export class Acquisition implements Attempter {
     const progress = { waited: false };
     this.gate.enter();
     try {
-      let handle = await this.acquireNow(name, options, keepOnShutdown, cancel, progress);
+      const key = this.keyOf(name, options);
+      let handle: Handle | null;
+      if (cancel?.aborted) {
+        handle = null;
+      } else if (options.waitTime === 0 && !this.scope.find(key) && !this.line.leaving(key)) {
+        // The common case, without one more async function: one attempt, with no hold of the
+        // caller's own to re-enter and no leave of the key's line on its way.
+        const only = await this.attempt(name, key, options, keepOnShutdown, undefined, undefined, startedAt);
+        handle = only instanceof Handle ? only : null;
+      } else {
+        handle = await this.acquireNow(name, key, options, keepOnShutdown, cancel, progress, startedAt);
+      }
       if (handle && cancel?.aborted) {
         // The caller gave up while the attempt that took the lock was on its way: it will not use
         // the lock, so it goes back at once.
@@ -139,16 +171,11 @@ export class Acquisition implements Attempter {
     }
   }
 
-  private async acquireNow(
-    name: string,
-    options: ResolvedLockOptions,
-    keepOnShutdown: boolean,
-    cancel: AbortSignal | undefined,
-    progress: { waited: boolean },
-  ): Promise<Handle | null> {
+  /** The key of the lock `name`; throws when the application is shutting down, or `name` or `options` are refused. */
+  private keyOf(name: string, options: ResolvedLockOptions): string {
     this.gate.assertOpen(name);
-    const reserved = this.store.reservedPrefixes.find((prefix) => name.startsWith(prefix));
-    if (reserved !== undefined) {
+    for (const reserved of this.store.reservedPrefixes) {
+      if (!name.startsWith(reserved)) continue;
       throw new InvalidLockOptionsError(
         'name',
         `Lock names starting with "${reserved}" are reserved for the library's own keys, got "${name}"`,
@@ -160,9 +187,20 @@ export class Acquisition implements Attempter {
         `Lock "${name}": semaphores ("permits") are not offered over Redlock, whose nodes each count their own holders (more than "permits" could each win a majority); use a single Redis, Sentinel or a Cluster`,
       );
     }
-    if (cancel?.aborted) return null;
-    const key = this.options.keyPrefix + name;
-    const deadline = now() + options.waitTime;
+    return this.options.keyPrefix + name;
+  }
+
+  /** Every other case: re-entering the caller's own hold, after a leave of the key's line, or waiting. */
+  private async acquireNow(
+    name: string,
+    key: string,
+    options: ResolvedLockOptions,
+    keepOnShutdown: boolean,
+    cancel: AbortSignal | undefined,
+    progress: { waited: boolean },
+    startedAt: number,
+  ): Promise<Handle | null> {
+    const deadline = startedAt + options.waitTime;
     const outer = this.scope.find(key)?.lock;
     if (outer) {
       // A shared hold cannot become exclusive: the call would wait for itself.
@@ -252,11 +290,12 @@ export class Acquisition implements Attempter {
     keepOnShutdown: boolean,
     seat?: LineSeat,
     until?: number,
+    /** A clock reading taken just before, to count the lease from (earlier than the send: safe). */
+    sentAt = now(),
   ): Promise<Handle | number> {
     const share = shareOf(options);
     const owner = this.ownerIds.next(share !== undefined);
     const lease = leaseOf(options);
-    const sentAt = now();
     let result;
     try {
       result = await this.store.acquire(key, owner, lease, {
@@ -279,34 +318,27 @@ export class Acquisition implements Attempter {
       // release (the head's) wakes this waiter before.
       return result.ttl === -3 && result.turnMs !== undefined ? Math.max(0, result.turnMs) : result.ttl;
     }
-    return this.keepInTime(name, key, owner, result.token, options, sentAt, keepOnShutdown, result.validMs);
+    const validMs = result.validMs ?? Infinity;
+    // The answer came after the lease it granted may have ended in Redis: another owner may hold
+    // the lock by now. Never hand that out: give the hold back (owner-checked) and count this
+    // attempt as a miss.
+    const late = now() >= Math.min(leaseValidUntil(sentAt, lease), sentAt + validMs);
+    // Shutdown began while this acquisition was on its way: nobody would release the lock.
+    if (late || this.gate.closing) return this.giveBackUnkept(name, key, owner, lease, late);
+    return this.keep(name, key, owner, result.token, options, sentAt, keepOnShutdown, validMs);
   }
 
-  /** Keep a lock the store has just given `owner` by a request sent at `sentAt`, unless its answer came too late. */
-  private async keepInTime(
+  /** Give back a hold just taken that is not kept: -2 (a miss) when its answer came late, else shutdown's error. */
+  private async giveBackUnkept(
     name: string,
     key: string,
     owner: string,
-    token: number,
-    options: ResolvedLockOptions,
-    sentAt: number,
-    keepOnShutdown: boolean,
-    validMs = Infinity,
-  ): Promise<Handle | number> {
-    const lease = leaseOf(options);
-    if (now() >= Math.min(leaseValidUntil(sentAt, lease), sentAt + validMs)) {
-      // The answer came after the lease it granted may have ended in Redis: another owner may
-      // hold the lock by now. Never hand that out: give the hold back (owner-checked) and count
-      // this attempt as a miss.
-      await this.store.giveBack(key, owner, lease);
-      return -2;
-    }
-    if (this.gate.closing) {
-      // Shutdown began while this acquisition was on its way: nobody would release the lock.
-      await this.store.giveBack(key, owner, lease);
-      this.gate.assertOpen(name);
-    }
-    return this.keep(name, key, owner, token, options, sentAt, keepOnShutdown, validMs);
+    lease: number,
+    late: boolean,
+  ): Promise<number> {
+    await this.store.giveBack(key, owner, lease);
+    if (!late) this.gate.assertOpen(name);
+    return -2;
   }
 
   /** Start keeping a lock just taken in Redis. */

@@ -60,13 +60,14 @@ export class HeldLocks implements HoldKeeper {
   /** Start keeping a lock just taken in Redis: renewed, or watched until its fixed lease ends. */
   add(lock: HeldLock): void {
     this.held.add(lock);
-    this.events.heldChanged(1, lock.eventBase);
+    if (this.events.followsHeld) this.events.heldChanged(1, lock.eventBase);
     this.watchdog.start(lock);
     this.lossWatch.added(lock);
   }
 
   /** Shutdown: nothing is held any more, nothing to watch. */
   close(): void {
+    this.watchdog.close();
     this.lossWatch.close();
   }
 
@@ -111,26 +112,30 @@ export class HeldLocks implements HoldKeeper {
    * expire: renewal goes on while reentrant holds of it still run, then stops. Never rejects: a
    * failure is logged, the lease then ends the lock on its own.
    */
-  async finish(handle: Handle, release: boolean): Promise<void> {
-    if (!release && !handle.reentrant) {
-      if (!handle.finishKeeping()) return;
-      const lock = handle.lock;
-      lock.outerDone = true;
-      lock.keepKey = true;
-      lock.stopAsked = true;
-      lock.holds -= 1;
-      if (lock.holds === 0 && lock.state === 'held') await this.leaveToExpire(lock);
-      return;
-    }
-    try {
-      await handle.release();
-    } catch (error) {
-      // The log says what Redis reported: the error's own message leaves that to its cause.
-      const why = error instanceof RedisUnavailableError ? error.cause : error;
-      this.logger.warn(
-        `Releasing lock "${handle.name}" failed (${describeError(why)}); it is retried while Redis does not answer, and the lock expires within its lease at the latest`,
-      );
-    }
+  finish(handle: Handle, release: boolean): Promise<void> {
+    if (!release && !handle.reentrant) return this.finishKeeping(handle);
+    // Not an async function around the release: every @DisLock call ends here.
+    return handle.release().then(
+      () => undefined,
+      (error: unknown) => {
+        // The log says what Redis reported: the error's own message leaves that to its cause.
+        const why = error instanceof RedisUnavailableError ? error.cause : error;
+        this.logger.warn(
+          `Releasing lock "${handle.name}" failed (${describeError(why)}); it is retried while Redis does not answer, and the lock expires within its lease at the latest`,
+        );
+      },
+    );
+  }
+
+  /** The outermost hold ends with `ifExpireWhenFinish: false`: the key is left to expire once no reentrant hold runs. */
+  private async finishKeeping(handle: Handle): Promise<void> {
+    if (!handle.finishKeeping()) return;
+    const lock = handle.lock;
+    lock.outerDone = true;
+    lock.keepKey = true;
+    lock.stopAsked = true;
+    lock.holds -= 1;
+    if (lock.holds === 0 && lock.state === 'held') await this.leaveToExpire(lock);
   }
 
   /**
@@ -327,8 +332,7 @@ export class HeldLocks implements HoldKeeper {
   /** Leave the `held` state: stop the watchdog and forget the lock. */
   private settle(lock: HeldLock, state: HeldLock['state']): void {
     this.watchdog.stop(lock);
-    if (this.held.delete(lock)) this.events.heldChanged(-1, lock.eventBase);
-    if (this.held.size === 0) this.lossWatch.idle();
+    if (this.held.delete(lock) && this.events.followsHeld) this.events.heldChanged(-1, lock.eventBase);
     lock.state = state;
   }
 }

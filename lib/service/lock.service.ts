@@ -54,6 +54,10 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   private readonly operator: Operator;
   private readonly logger = new Logger('DisLock');
   private readonly events = new LockEvents(this.logger);
+  /** The options of a call that passes none: every module default. */
+  private defaults: ResolvedLockOptions | undefined;
+  /** Each `@DisLock` method's resolved options (see `resolveFor`). */
+  private readonly resolvedFor = new WeakMap<LockOptions, ResolvedLockOptions>();
 
   constructor(
     @Inject(DISLOCK_RESOLVED_OPTIONS) private readonly options: ResolvedModuleOptions,
@@ -76,12 +80,19 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
    * `{ mode: 'read' | 'write' }` takes a read-write lock, `{ permits }` a semaphore's permit; an
    * array of names takes them all or none (a multi-lock, see `LockSetHandle`).
    */
-  async tryLock(names: readonly string[], options?: LockOptions): Promise<LockSetHandle | null>;
-  async tryLock(name: string, options?: LockOptions): Promise<LockHandle | null>;
-  async tryLock(name: string | readonly string[], options?: LockOptions): Promise<LockHandle | null> {
-    const lockName = checkLockNames('LockService', name, options);
-    const resolved = this.resolve('LockService.tryLock', options);
-    return this.take(lockName, resolved, false, options?.signal);
+  tryLock(names: readonly string[], options?: LockOptions): Promise<LockSetHandle | null>;
+  tryLock(name: string, options?: LockOptions): Promise<LockHandle | null>;
+  tryLock(name: string | readonly string[], options?: LockOptions): Promise<LockHandle | null> {
+    // Not an async function, which would only wrap the acquisition's promise in one more; a bad
+    // argument still rejects rather than throws.
+    try {
+      const lockName = checkLockNames('LockService', name, options);
+      const resolved = this.resolve('LockService.tryLock', options);
+      return this.take(lockName, resolved, false, options?.signal);
+    } catch (error) {
+      // eslint-disable-next-line @typescript-eslint/prefer-promise-reject-errors -- what the checks threw, as is
+      return Promise.reject(error);
+    }
   }
 
   /**
@@ -177,28 +188,42 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   // ---- used by the interceptor -------------------------------------------------------------
 
   /**
-   * @internal Acquire for a decorated method. When the lock stays busy: rejects with
-   * `LockNotAcquiredError`, or (`onBusy: 'skip'`) logs at debug level and resolves `null`.
+   * @internal Acquire for a decorated method: the handle, or `null` when the lock stays busy (see
+   * `busyFor`). `options` are the method's own, validated when its class was defined.
    */
-  async acquireFor(
+  acquireFor(
     name: string | readonly string[],
     options: LockOptions,
     keepOnShutdown: boolean,
-    onBusy: 'throw' | 'skip',
     cancel?: AbortSignal,
     caller?: string,
   ): Promise<Held | null> {
-    const resolved = { ...resolveLockOptions(this.options, options), caller };
-    const names = typeof name === 'string' ? name : checkLockNames('LockService', name, options);
-    const handle = await this.take(names, resolved, keepOnShutdown, cancel);
-    if (handle) return handle;
-    if (onBusy === 'throw')
-      throw new LockNotAcquiredError(describeNames(names), resolved.waitTime, busyHoldOf(resolved));
-    if (!cancel?.aborted) {
-      const busy = new LockNotAcquiredError(describeNames(names), resolved.waitTime, busyHoldOf(resolved));
-      this.logger.debug(`${busy.message}: skipped the call (onBusy: 'skip')`);
+    // Not an async function, which would only wrap the acquisition's promise in one more.
+    try {
+      const names = typeof name === 'string' ? name : checkLockNames('LockService', name, options);
+      return this.take(names, this.resolveFor(options, caller), keepOnShutdown, cancel);
+    } catch (error) {
+      // eslint-disable-next-line @typescript-eslint/prefer-promise-reject-errors -- what the checks threw, as is
+      return Promise.reject(error);
     }
-    return null;
+  }
+
+  /**
+   * @internal A decorated method's lock stayed busy (`acquireFor` resolved `null`): throws
+   * `LockNotAcquiredError`, or (`onBusy: 'skip'`) logs at debug level and returns.
+   */
+  busyFor(
+    name: string | readonly string[],
+    options: LockOptions,
+    onBusy: 'throw' | 'skip',
+    cancel?: AbortSignal,
+    caller?: string,
+  ): void {
+    const names = typeof name === 'string' ? name : checkLockNames('LockService', name, options);
+    const resolved = this.resolveFor(options, caller);
+    const busy = new LockNotAcquiredError(describeNames(names), resolved.waitTime, busyHoldOf(resolved));
+    if (onBusy === 'throw') throw busy;
+    if (!cancel?.aborted) this.logger.debug(`${busy.message}: skipped the call (onBusy: 'skip')`);
   }
 
   /** @internal Run `fn` with `handle` (every part of a multi-lock) as part of the async call chain's held locks. */
@@ -280,6 +305,20 @@ export class LockService implements OnModuleInit, BeforeApplicationShutdown, OnA
   }
 
   private resolve(where: string, options: LockOptions | undefined): ResolvedLockOptions {
+    if (options === undefined) return (this.defaults ??= resolveLockOptions(this.options, {}));
     return resolveLockOptions(this.options, validateLockOptions(where, options));
+  }
+
+  /**
+   * A `@DisLock` method's options (validated when its class was defined, never changed since) with
+   * the module defaults and its `caller`: resolved on its first call, the same object after that.
+   */
+  private resolveFor(options: LockOptions, caller: string | undefined): ResolvedLockOptions {
+    let resolved = this.resolvedFor.get(options);
+    if (resolved === undefined || resolved.caller !== caller) {
+      resolved = { ...resolveLockOptions(this.options, options), caller };
+      this.resolvedFor.set(options, resolved);
+    }
+    return resolved;
   }
 }

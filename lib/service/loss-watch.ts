@@ -44,7 +44,11 @@ export class LossWatch {
     });
   }
 
-  /** A lock is held now: probe while any is; check it at once if Redis may have lost it already. */
+  /**
+   * A lock is held now: probe while any is (the probe stops by itself once none is, rather than
+   * at every release: a loop of lock and release would set and clear a timer per cycle); check it
+   * at once if Redis may have lost it already.
+   */
   added(lock: HeldLock): void {
     if (lock.acquiredAt < this.changedBefore) this.check([lock], CHANGED);
     if (this.timer) return;
@@ -53,7 +57,7 @@ export class LossWatch {
   }
 
   /** No lock is held any more: stop probing. */
-  idle(): void {
+  private idle(): void {
     clearInterval(this.timer);
     this.timer = undefined;
   }

@@ -28,8 +28,34 @@ function crc16(bytes: Uint8Array, from: number, to: number): number {
   return crc;
 }
 
-/** The hash slot of `key` as Redis Cluster computes it, `{hash tags}` included. */
+/**
+ * The hash slot of `key` as Redis Cluster computes it, `{hash tags}` included. The hashed text is
+ * checksummed straight from the string while it is ASCII (a UTF-8 multi-byte character never holds
+ * a "{" or "}" byte, so the tag is found the same way in the string as in its bytes), and encoded
+ * first otherwise: every lock operation computes slots, most names are ASCII.
+ */
 export function keySlot(key: string): number {
+  let from = 0;
+  let to = key.length;
+  const open = key.indexOf('{');
+  if (open !== -1) {
+    const close = key.indexOf('}', open + 1);
+    if (close > open + 1) {
+      from = open + 1;
+      to = close;
+    }
+  }
+  let crc = 0;
+  for (let i = from; i < to; i += 1) {
+    const code = key.charCodeAt(i);
+    if (code > 0x7f) return utf8KeySlot(key);
+    crc = ((crc << 8) & 0xffff) ^ CRC16_TABLE[((crc >> 8) ^ code) & 0xff];
+  }
+  return crc % HASH_SLOTS;
+}
+
+/** `keySlot` over the UTF-8 bytes of `key`. */
+function utf8KeySlot(key: string): number {
   const bytes = Buffer.from(key, 'utf8');
   const open = bytes.indexOf(0x7b); // '{'
   if (open !== -1) {

@@ -715,15 +715,29 @@ export class RedisLockStore implements LockStore {
    * comes first; then it fails with `SlotMigratingError` (also noted in `migration`, for a timeout
    * meanwhile to say so). Not bounded itself: see `bounded`.
    */
-  private async send(
+  private send(
     script: LuaScript,
     keys: readonly string[],
     args: readonly (string | number)[],
     migration: Migration,
     until = Infinity,
   ): Promise<unknown> {
-    this.assertConnected();
+    const down = this.whenDisconnected === 'fail' ? this.connection.down : undefined; // see assertConnected
+    if (down) return Promise.reject(down);
+    // On a single server the script's own promise, not an async function's around it: every
+    // acquisition and release goes through here.
     if (!this.cluster) return script.run(this.client, keys, args);
+    return this.sendToCluster(script, keys, args, migration, until);
+  }
+
+  /** `send` on a Cluster: sent again while the slot migrates, up to `until`. */
+  private async sendToCluster(
+    script: LuaScript,
+    keys: readonly string[],
+    args: readonly (string | number)[],
+    migration: Migration,
+    until: number,
+  ): Promise<unknown> {
     const end = Math.min(until, performance.now() + this.operationTimeout);
     for (let delay = MIGRATING_RETRY_MS; ; delay = Math.min(delay * 2, MIGRATING_RETRY_MAX_MS)) {
       try {
