@@ -1,5 +1,5 @@
 import Redlock, { ExecutionError } from 'redlock';
-import { countingClient, ready } from '../support/redis';
+import { type CountingClient, countingClient, ready } from '../support/redis';
 import { type Body, LEASE_MS, type Locker, type LockMode, NOTHING_LOGGED } from './locker';
 
 /**
@@ -13,13 +13,31 @@ export async function redlockLocker(mode: LockMode, redisUrl: string): Promise<L
   const redlock = new Redlock([client], mode === 'uncontended' ? { retryCount: 0 } : {});
   redlock.on('error', () => undefined); // redlock emits its (expected) acquisition failures here too
 
+  return redlockShaped(
+    client,
+    sent,
+    (key) => redlock.acquire([key], LEASE_MS),
+    (error) => error instanceof ExecutionError,
+  );
+}
+
+/**
+ * The Locker over a redlock-shaped library (redlock 5 and its fork): `acquire` takes the lock or
+ * rejects, with an error `isBusy` recognizes when the lock stayed busy (a failed critical section).
+ */
+export function redlockShaped(
+  client: CountingClient['client'],
+  sent: CountingClient['sent'],
+  acquire: (key: string) => Promise<{ release(): Promise<unknown> }>,
+  isBusy: (error: unknown) => boolean,
+): Locker {
   return {
     async critical(key: string, body: Body): Promise<boolean> {
       let lock;
       try {
-        lock = await redlock.acquire([key], LEASE_MS);
+        lock = await acquire(key);
       } catch (error) {
-        if (error instanceof ExecutionError) return false;
+        if (isBusy(error)) return false;
         throw error;
       }
       try {

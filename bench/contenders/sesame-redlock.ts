@@ -1,6 +1,7 @@
 import { ExecutionError, Redlock } from '@sesamecare-oss/redlock';
 import { countingClient, ready } from '../support/redis';
-import { type Body, LEASE_MS, type Locker, type LockMode, NOTHING_LOGGED } from './locker';
+import { LEASE_MS, type Locker, type LockMode } from './locker';
+import { redlockShaped } from './redlock';
 
 /**
  * @sesamecare-oss/redlock (the maintained TypeScript fork of redlock, for ioredis 5+) on one Redis,
@@ -20,26 +21,10 @@ export async function sesameRedlockLocker(mode: LockMode, redisUrl: string): Pro
   await ready(client);
   const redlock = new Redlock([client], mode === 'uncontended' ? { retryCount: 0 } : {});
 
-  return {
-    async critical(key: string, body: Body): Promise<boolean> {
-      let lock;
-      try {
-        lock = await redlock.acquire([key], LEASE_MS);
-      } catch (error) {
-        if (error instanceof ExecutionError) return false;
-        throw error;
-      }
-      try {
-        await body();
-      } finally {
-        await lock.release();
-      }
-      return true;
-    },
+  return redlockShaped(
+    client,
     sent,
-    logged: () => NOTHING_LOGGED,
-    async close() {
-      await client.quit();
-    },
-  };
+    (key) => redlock.acquire([key], LEASE_MS),
+    (error) => error instanceof ExecutionError,
+  );
 }
