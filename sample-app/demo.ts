@@ -426,7 +426,18 @@ async function main(): Promise<void> {
     // they keep fencing tokens increasing across restarts. Everything else would be a leaked lock.
     const leftover = await keysUnder(redis, `${keyPrefix}lock:`);
     const counters = leftover.filter((key) => key.includes('#fence:'));
-    console.log(`  locks left in Redis: ${leftover.length - counters.length}`);
+    // Say which they are and why each is still there: a lease (or lockAtLeastFor) not over yet
+    // expires on its own; a key without expiry would be a leak.
+    const left = await Promise.all(
+      leftover
+        .filter((key) => !key.includes('#fence:'))
+        .map(async (key) => {
+          const ms = await redis.pttl(key);
+          const why = ms >= 0 ? `expires in ${ms} ms: its lease or lockAtLeastFor is not over` : 'NO EXPIRY: a leak';
+          return `${key.slice(keyPrefix.length)} (${why})`;
+        }),
+    );
+    console.log(`  locks left in Redis: ${left.length}${left.length > 0 ? ` - ${left.join(', ')}` : ''}`);
     console.log(
       `  fencing counters kept: ${counters.length} (one per hash slot used, by design: they keep fencing tokens increasing across restarts)`,
     );
