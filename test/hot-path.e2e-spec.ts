@@ -20,6 +20,7 @@ import { FENCE_MARKER } from '../lib/store/redis/fence-key';
 import { WAITING_MARK } from '../lib/store/redis/scripts/line.lua';
 import { createTestApp, type TestApp } from './support/app';
 import { RedisServer } from './support/redis-server';
+import { eventually } from './support/shared-redis';
 
 const CYCLES = 200;
 
@@ -119,7 +120,9 @@ describe('the uncontended hot path', () => {
       await listener.subscribe(key);
       expect(await present.release()).toBe(true);
       const next = await waiter;
-      // The release granted the lock to the waiter's line, and said so (a token in the announcement).
+      // The release granted the lock to the waiter's line, and said so (a token in the announcement,
+      // which reaches this listener on a connection of its own, maybe after the waiter's).
+      expect(await eventually(() => announced.length > 0, 2_000)).toBe(true);
       expect(announced).toHaveLength(1);
       expect(Number(announced[0].split(':').at(-1))).toBe(next.fencingToken);
       expect(await next.release()).toBe(true);
