@@ -618,6 +618,19 @@ async function httpChecks(name, dir, node, platform) {
         if (leaks.length) fail(`503 body reveals ${leaks.map((s) => `"${s}"`).join(', ')}: ${r.text}`);
       }
       note(`Redis-down answer in ${Math.max(...down.map((r) => r.ms))} ms`);
+      // Those first calls met a client that had only seen the drop; by their answer it has seen its
+      // reconnection attempts refused, and knows Redis is down: now a call fails at once
+      // (`whenDisconnected: 'fail'`) instead of waiting operationTimeout in the offline queue.
+      const FAST_MS = 100;
+      const fast = await get(`${base}/hold/down?ms=0`, bound).catch((error) => ({
+        status: 0,
+        text: `no answer within ${bound} ms (${error.name})`,
+        ms: bound,
+      }));
+      if (fast.status !== 503 || fast.ms >= FAST_MS) {
+        fail(`Redis known down: expected 503 within ${FAST_MS} ms, got ${show(fast)} after ${fast.ms} ms`);
+      }
+      note(`then ${fast.ms} ms`);
 
       // Redis back on the same port: locks work again.
       redis = await startRedis(redisPort, join(work, `${tag}.redis.log`));
@@ -641,7 +654,10 @@ async function httpChecks(name, dir, node, platform) {
       if (!(await exitWithin(app, 10_000))) {
         fail(`the app did not exit within 10 s of SIGTERM while holding a lock:\n${appLog()}`);
       } else {
-        note(`SIGTERM exit ${seconds(Date.now() - t1)}`);
+        const exitMs = Date.now() - t1;
+        // enableShutdownHooks(): the held lock is released and the app exits, well under a second.
+        if (exitMs >= 1_000) fail(`the app took ${exitMs} ms to exit on SIGTERM while holding a lock`);
+        note(`SIGTERM exit ${seconds(exitMs)}`);
       }
       await inFlight;
       const left = await lockKeys(redisPort);
