@@ -77,8 +77,10 @@ export class SlotMigratingError extends Error {
 /**
  * A key the library keeps a lock in holds another type than it writes there: someone else's key
  * sits at the lock's name (`'lock'`), or at the fencing counter of its slot (`'fence'`). Thrown by
- * the Redis store for an acquisition, which wrote nothing; `LockService` turns it into the public
- * `LockKeyConflictError`. No wait would ever see such a key released.
+ * the Redis store for an acquisition (which then wrote no hold), for `inspect`, and for a release
+ * whose hand-on to the line met a foreign fencing counter (its hold was dropped already);
+ * `LockService` turns it into the public `LockKeyConflictError`. No wait would ever see such a key
+ * released.
  */
 export class ForeignKeyError extends Error {
   constructor(

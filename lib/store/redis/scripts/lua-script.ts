@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
 import { ForeignKeyError } from '../../store-errors';
-import { FOREIGN_KEY_ERROR } from './line.lua';
+import { FOREIGN_FENCE_ERROR, FOREIGN_KEY_ERROR } from './line.lua';
 
 /**
  * The code Redis refused a command with (`NOSCRIPT`, `TRYAGAIN`, `MOVED`...): the error's first
@@ -22,13 +22,16 @@ export function refusalOf(reply: unknown): { code: string; redirected: boolean }
  */
 export const isNoScript = (reply: unknown): boolean => refusalOf(reply)?.code === 'NOSCRIPT';
 
+/** `<FOREIGN_KEY_ERROR or FOREIGN_FENCE_ERROR> <type> <key>`, as the scripts spell it. */
+const FOREIGN_REPLY = new RegExp(`^(${FOREIGN_KEY_ERROR}|${FOREIGN_FENCE_ERROR}) (\\S+) (.*)$`, 's');
+
 /**
  * The key of another type a script refused to treat as a lock's (FOREIGN_KEY_ERROR,
  * FOREIGN_FENCE_ERROR in line.lua.ts), as a `ForeignKeyError`; undefined for any other error.
  */
 export function foreignKeyOf(error: unknown): ForeignKeyError | undefined {
   if (!(error instanceof Error)) return undefined;
-  const match = /^(DISLOCK_FOREIGN_KEY|DISLOCK_FOREIGN_FENCE) (\S+) (.*)$/s.exec(error.message);
+  const match = FOREIGN_REPLY.exec(error.message);
   if (!match) return undefined;
   return new ForeignKeyError(match[3], match[1] === FOREIGN_KEY_ERROR ? 'lock' : 'fence', match[2], error);
 }
