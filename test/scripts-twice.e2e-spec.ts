@@ -612,6 +612,35 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       expect(p.after.info.get('oW1')?.split('|')[1]).toBe(String(token));
     });
 
+    it("a local hand-over: the holder's hold replaced by the caller's once, its place gone; the re-sent copy answers taken", async () => {
+      const c: Case<AcquireResult> = {
+        script: ACQUIRE_SCRIPT,
+        scene: async (k) => {
+          await hold(k, 'oA');
+          await queue(k, 'w1'); // the caller's line
+          await queue(k, 'w2'); // another process's, which the hand-over passes by
+          await keepPlaces(k);
+        },
+        call: (k) => store.acquire(k.lock, 'oW1', LEASE.oW1, { waiter: 'w1', describe: described('oW1'), from: 'oA' }),
+        reissues: true,
+      };
+      const p = await judge(c);
+      expect(p.once).toMatchObject({ acquired: true, handedOver: true });
+      // The re-sent copy finds the caller in (only the first run can have put it there): taken,
+      // with a new token, and `from` gone either way.
+      expect(p.twice).toMatchObject({ acquired: true, handedOver: true });
+      expect(fields(p.first)).toEqual({ oW1: '1' });
+      expect(fields(p.after)).toEqual({ oW1: '1' });
+      expect(p.after.line).toEqual(['w2']);
+      expect(p.after.pttl).toBeGreaterThan(LEASE.oW1 - SLACK_MS);
+      expect(p.first.fence).toBeGreaterThan(p.before.fence);
+      const token = p.twice.acquired ? p.twice.token : NaN;
+      expect(token).toBeGreaterThan(p.first.fence);
+      expect(token).toBe(p.after.fence);
+      expect(p.after.info.get('oW1')?.split('|')[1]).toBe(String(token));
+      expect(p.after.info.has('oA')).toBe(false);
+    });
+
     it('busy: refused, with one place at the end of the line (its arrival from the first run)', async () => {
       const c: Case<AcquireResult> = {
         script: ACQUIRE_SCRIPT,

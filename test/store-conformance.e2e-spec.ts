@@ -209,6 +209,39 @@ describe.each([redisStore, memoryStore, clusterStore, redlockStore].map((make) =
       expect((await storeA.check(key, ownerB)).held).toBe(false);
     });
 
+    it('store level: a hand-over replaces the holder in one step; from someone who holds nothing it is an ordinary attempt', async ({
+      skip,
+    }) => {
+      if (!storeA.handsOver) return skip(); // Redlock releases and takes anew
+      const key = prefix + fresh('hand-over');
+      const owner = (): string => randomBytes(16).toString('hex');
+      const [first, second, third, fourth] = [owner(), owner(), owner(), owner()];
+      const taken = await storeA.acquire(key, first, 10_000);
+      expect(taken.acquired).toBe(true);
+      const handed = await storeA.acquire(key, second, 5_000, { from: first });
+      expect(handed).toMatchObject({ acquired: true, handedOver: true });
+      if (!taken.acquired || !handed.acquired) return;
+      expect(handed.token).toBeGreaterThan(taken.token);
+      // The holder's hold is gone, the new one has its own lease; nobody else got in.
+      expect((await storeA.check(key, first)).held).toBe(false);
+      const checked = await storeA.check(key, second);
+      expect(checked.held).toBe(true);
+      expect(checked.ttl).toBeLessThanOrEqual(5_000);
+      expect(checked.ttl).toBeGreaterThan(4_000);
+      expect((await storeA.inspect(key)).holds.map((hold) => hold.owner)).toEqual([second]);
+      expect(await storeB.acquire(key, owner(), 1_000)).toMatchObject({ acquired: false });
+      // From an owner that no longer holds the lock: an ordinary attempt, busy while another holds it.
+      expect(await storeA.acquire(key, third, 5_000, { from: first })).toMatchObject({ acquired: false });
+      expect((await storeA.check(key, second)).held).toBe(true);
+      expect(await storeA.release(key, second)).toBe('released');
+      // ... and taken like any free lock, with nothing handed over.
+      expect(await storeA.acquire(key, fourth, 5_000, { from: second })).toMatchObject({
+        acquired: true,
+        handedOver: false,
+      });
+      expect(await storeA.release(key, fourth)).toBe('released');
+    });
+
     it('the watchdog keeps a lock past several leases; stopRenewal lets it lapse', async () => {
       const name = fresh();
       const held = await a.lock(name, { lockWatchdogTimeout: 300 });

@@ -95,6 +95,13 @@ export class HeldLock implements Scheduled {
   abandoned = false;
   /** Renewals done so far. */
   renewals = 0;
+  /**
+   * How many more times this lock may be handed over to a waiter of this process in one step
+   * (see `HandOver`) before it is released to the store's line: the local waiters that were behind
+   * it when the lock came to this process, so that one process keeps it for one turn of its line
+   * while other processes wait, never longer.
+   */
+  handOversLeft = 0;
   /** `performance.now()` until which the lease surely runs in Redis (see `leaseValidUntil`). */
   leaseEndsAt: number;
   /** What the watchdog has due for this lock next, and when (`performance.now()`); see `Watchdog`. */

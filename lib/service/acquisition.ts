@@ -12,12 +12,12 @@ import {
   shareOf,
 } from '../options/dislock.options';
 import type { LockStore } from '../store/lock-store.interface';
-import { SlotMigratingError } from '../store/store-errors';
+import { ForeignKeyError, SlotMigratingError, StoreDisconnectedError } from '../store/store-errors';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
 import type { ShutdownGate } from './shutdown-gate';
 import type { Attempter, WaitLine } from './wait-line';
-import type { LineSeat } from './wait-queue';
+import type { HandOver, LineSeat } from './wait-queue';
 
 const now = (): number => performance.now();
 
@@ -99,7 +99,7 @@ export class Acquisition implements Attempter {
       } else if (options.waitTime === 0 && !this.scope.find(key) && !this.line.leaving(key)) {
         // The common case, without one more async function: one attempt, with no hold of the
         // caller's own to re-enter and no leave of the key's line on its way.
-        const only = await this.attempt(name, key, options, keepOnShutdown, undefined, undefined, startedAt);
+        const only = await this.attempt(name, key, options, keepOnShutdown, undefined, undefined, undefined, startedAt);
         handle = only instanceof Handle ? only : null;
       } else {
         handle = await this.acquireNow(name, key, options, keepOnShutdown, cancel, progress, startedAt);
@@ -282,6 +282,8 @@ export class Acquisition implements Attempter {
    * With a `seat` (a waiting line's place in the store's line), the attempt keeps that place, or
    * takes up a grant to it (a release handed the lock to the head of the line): either way the hold
    * starts on the store's reply, with the caller's own lease counted from when the attempt was sent.
+   * With a `handOver` (a finished holder's offer, exclusive holds only), the attempt takes that
+   * holder's hold over in the same step, and tells the holder how it went.
    */
   async attempt(
     name: string,
@@ -290,6 +292,7 @@ export class Acquisition implements Attempter {
     keepOnShutdown: boolean,
     seat?: LineSeat,
     until?: number,
+    handOver?: HandOver,
     /** A clock reading taken just before, to count the lease from (earlier than the send: safe). */
     sentAt = now(),
   ): Promise<Handle | number> {
@@ -303,8 +306,17 @@ export class Acquisition implements Attempter {
         share,
         describe: this.describe(options),
         retryUntil: until,
+        from: handOver?.from,
       });
     } catch (error) {
+      // Never sent, or refused before it ran (a slot migrating, someone else's key): the holder
+      // still holds, and releases as usual. Otherwise the store gives this owner's hold back, if
+      // it was taken, and the holder gives its own back.
+      const ranNot =
+        error instanceof SlotMigratingError ||
+        error instanceof StoreDisconnectedError ||
+        error instanceof ForeignKeyError;
+      handOver?.settle(ranNot ? 'declined' : { error });
       // The lock's Cluster slot was migrating for the whole operationTimeout (nothing ran): a
       // waiter with time left goes on waiting, and looks again shortly.
       if (error instanceof SlotMigratingError && until !== undefined && now() + MIGRATING_LOOK_MS < until) {
@@ -312,6 +324,8 @@ export class Acquisition implements Attempter {
       }
       throw redisFailed('acquire', name, error);
     }
+    // Only a hold the store says it replaced needs no release of its own.
+    handOver?.settle(result.acquired && result.handedOver === true ? 'handed-over' : 'declined');
     if (!result.acquired) {
       if (seat) seat.missedAt = sentAt;
       // Free with others ahead in the line: look again once the head's turn has passed, if no

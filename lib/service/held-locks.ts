@@ -174,7 +174,19 @@ export class HeldLocks implements HoldKeeper {
     }
     const wasHeld = lock.state === 'held';
     const wasLost = lock.state === 'lost';
+    // A waiter of this process is next: hand the lock over in one step instead (see `HandOver`).
+    const handOver = wasHeld ? this.line.handOver(lock) : undefined;
     this.settle(lock, wasHeld ? 'released' : lock.state);
+    if (handOver) {
+      const outcome = await handOver;
+      if (outcome === 'handed-over') return this.released(lock);
+      if (outcome !== 'declined') {
+        // No answer: the hold may have gone over or not. Give it back (owner-checked) in the
+        // background, as after a release with no answer.
+        void this.store.giveBack(lock.key, lock.owner, lock.leaseMs);
+        throw redisFailed('release', lock.name, outcome.error);
+      }
+    }
     let result;
     try {
       // Owner-checked: even for a lock known to be lost this only ever drops this owner's own hold.
@@ -192,11 +204,15 @@ export class HeldLocks implements HoldKeeper {
       // Expired or taken over before the watchdog noticed: the work it protected was not protected.
       this.markLost(lock, 'not-owner', 'its release found it gone or held by another owner');
     }
-    const freed = result === 'released' && !wasLost;
-    if (freed && this.events.listens('released')) {
+    return result === 'released' && !wasLost ? this.released(lock) : false;
+  }
+
+  /** This owner's hold of `lock` is gone by its own release (or hand-over): `true`, and the event. */
+  private released(lock: HeldLock): true {
+    if (this.events.listens('released')) {
       this.events.emit('released', lock.eventBase, { owner: lock.owner, heldMs: now() - lock.lockedAt });
     }
-    return freed;
+    return true;
   }
 
   stopRenewal(lock: HeldLock): void {

@@ -1,11 +1,11 @@
 import { randomBytes } from 'node:crypto';
-import { Handle } from '../core/lock-handle';
+import { Handle, type HeldLock } from '../core/lock-handle';
 import type { LockScope } from '../core/lock-scope';
 import { wakeOrTimeout } from '../core/wake-or-timeout';
 import { type ResolvedLockOptions, shareOf } from '../options/dislock.options';
 import type { LockStore, ReleaseWatch } from '../store/lock-store.interface';
 import type { ShutdownGate } from './shutdown-gate';
-import { type LineSeat, WaitQueue } from './wait-queue';
+import { type HandOver, type HandOverOutcome, type LineSeat, WaitQueue } from './wait-queue';
 
 const now = (): number => performance.now();
 
@@ -17,6 +17,16 @@ const now = (): number => performance.now();
 const SUBSCRIBE_GRACE_MS = 100;
 
 /** Poll back-off while the release channel is not heard: 5, 10, 20, 40, 80, then 100 ms, each +-50 %. */
+/**
+ * How long a finished holder's offer of a hand-over waits for the head of the local line to take
+ * it to its next attempt (the head is asleep, waiting for this very release: one wake-up away),
+ * before the holder releases the lock as usual.
+ */
+const HAND_OVER_WAIT_MS = 20;
+
+/** The most hand-overs in a row one process makes (see `HeldLock.handOversLeft`). */
+const MAX_HAND_OVERS = 64;
+
 function backoff(attempt: number): number {
   return Math.min(100, 5 * 2 ** Math.min(attempt, 8)) * (0.5 + Math.random());
 }
@@ -35,6 +45,8 @@ export interface Attempter {
     keepOnShutdown: boolean,
     seat?: LineSeat,
     until?: number,
+    /** A finished holder's offer: the attempt takes its hold over in one step, and settles it. */
+    handOver?: HandOver,
   ): Promise<Handle | number>;
 }
 
@@ -60,6 +72,26 @@ export class WaitLine {
   /** Whether someone here waits for `key`. */
   hasWaiters(key: string): boolean {
     return this.queues.has(key);
+  }
+
+  /**
+   * `lock` (exclusive, held, its code finished) is about to be released: hand it over instead to
+   * the head of this process's line for its key, if one waits and the lock's turn here is not
+   * over. Resolves with how that went (`declined`: release it as usual); undefined when there is
+   * nobody to offer it to.
+   */
+  handOver(lock: HeldLock): Promise<HandOverOutcome> | undefined {
+    if (lock.handOversLeft <= 0 || !this.store.handsOver || lock.shared || this.gate.closing) return undefined;
+    const queue = this.queues.get(lock.key);
+    // The head must have time to take it while the lease surely runs (no renewal runs meanwhile).
+    if (!queue || lock.leaseEndsAt - now() <= 4 * HAND_OVER_WAIT_MS) return undefined;
+    return new Promise((settle) => {
+      const offered = queue.offer(
+        { from: lock.owner, handOversLeft: lock.handOversLeft - 1, settle },
+        HAND_OVER_WAIT_MS,
+      );
+      if (!offered) settle('declined');
+    });
   }
 
   /** No release will announce that `key` became free (or will be): let the head of its line look. */
@@ -105,6 +137,7 @@ export class WaitLine {
       placed = undefined;
     }
     let holding = false;
+    let myTurnCame = false;
     const stop = new AbortController();
     const abort = (): void => stop.abort();
     cancel?.addEventListener('abort', abort, { once: true });
@@ -113,6 +146,7 @@ export class WaitLine {
     try {
       const wait = deadline - now();
       const myTurn = wait > 0 && (await wakeOrTimeout(wait, stop.signal, (wake) => void place.turn.then(wake)));
+      myTurnCame = myTurn;
       this.gate.assertOpen(name);
       if (!myTurn) return null;
       let watch = await this.watchWithin(queue, Math.min(deadline - now(), SUBSCRIBE_GRACE_MS), stop.signal);
@@ -130,10 +164,13 @@ export class WaitLine {
       }
       queue.heldLocally = false;
       const seat = queue.place;
-      const holdingNow = (handle: Handle): Handle => {
+      const holdingNow = (handle: Handle, handOver: HandOver | undefined): Handle => {
         // A shared hold leaves room for the next local waiter: it tries at once.
         queue.heldLocally = !handle.lock.shared;
         queue.heldLease = handle.lock.leaseMs;
+        // This process's turn with the lock: the waiters behind it now, or what is left of the
+        // turn it was handed over in.
+        handle.lock.handOversLeft = handOver ? handOver.handOversLeft : Math.min(MAX_HAND_OVERS, queue.size - 1);
         holding = true;
         return handle;
       };
@@ -144,10 +181,16 @@ export class WaitLine {
         // store's line) wakes it as any release does: this attempt takes the grant up, and the
         // hold starts on its reply, with the caller's own lease.
         if (tryNow) {
-          const result = await taker.attempt(name, key, options, keepOnShutdown, seat, deadline);
+          // A holder here that finished meanwhile may have offered its hold (a reader takes none).
+          let handOver = queue.take();
+          if (handOver && shared) {
+            handOver.settle('declined');
+            handOver = undefined;
+          }
+          const result = await taker.attempt(name, key, options, keepOnShutdown, seat, deadline, handOver);
           // A fresh attempt that did not take the lock holds (or renewed) a place in the line.
           seat.inLine = !(result instanceof Handle);
-          if (result instanceof Handle) return holdingNow(result);
+          if (result instanceof Handle) return holdingNow(result, handOver);
           ttl = result;
         }
         tryNow = true;
@@ -175,6 +218,8 @@ export class WaitLine {
     } finally {
       this.waits.delete(stop);
       cancel?.removeEventListener('abort', abort);
+      // An offer to the head that leaves now goes back to its holder (a later head may be far off).
+      if (myTurnCame) queue.decline();
       queue.leave(place);
       if (queue.empty && this.queues.get(key) === queue) {
         this.queues.delete(key);

@@ -16,6 +16,28 @@ interface Ticket extends WaitTicket {
   start(): void;
 }
 
+/** How a holder's offer to hand its lock over ended (see `HandOver`). */
+export type HandOverOutcome =
+  /** The head's attempt replaced the holder's hold with its own: the holder has nothing to release. */
+  | 'handed-over'
+  /** Not taken (no head came for it in time, the head takes shared holds, or the store did not hand over): release as usual. */
+  | 'declined'
+  /** The head's attempt failed with no answer: whether the hold went over cannot be known. */
+  | { readonly error: unknown };
+
+/**
+ * A holder here that has finished offers its exclusive hold to the head of this process's line
+ * for the key, to be taken over in one step (see `AcquireOptions.from`) rather than released and
+ * taken again: one round trip instead of two, with no other process woken. Settled once.
+ */
+export interface HandOver {
+  /** The finished holder's owner id. */
+  readonly from: string;
+  /** How many more times the lock may be handed over here after this one, before it is released. */
+  readonly handOversLeft: number;
+  settle(outcome: HandOverOutcome): void;
+}
+
 function ticket(): Ticket {
   let start!: () => void;
   const turn = new Promise<void>((resolve) => (start = resolve));
@@ -36,6 +58,8 @@ export class WaitQueue {
    */
   heldLocally = false;
   heldLease = 0;
+  /** A finished holder's offer, until the head takes it to its next attempt (see `HandOver`). */
+  private offered: { readonly handOver: HandOver; readonly timer: NodeJS.Timeout } | undefined;
 
   constructor(
     /** This line's place in the store's line of waiters for the key (shared by its waiters, one at a time). */
@@ -46,6 +70,38 @@ export class WaitQueue {
 
   get empty(): boolean {
     return this.line.length === 0;
+  }
+
+  /** How many wait here, the head included. */
+  get size(): number {
+    return this.line.length;
+  }
+
+  /**
+   * Offer the head a hand-over and wake it; declined unless its next attempt takes it within
+   * `withinMs`. False (nothing offered) while another offer is pending.
+   */
+  offer(handOver: HandOver, withinMs: number): boolean {
+    if (this.offered || this.line.length === 0) return false;
+    const timer = setTimeout(() => this.decline(), withinMs);
+    timer.unref();
+    this.offered = { handOver, timer };
+    this.wake();
+    return true;
+  }
+
+  /** The pending offer, for the head's attempt about to be sent (it settles it); undefined if none. */
+  take(): HandOver | undefined {
+    const offered = this.offered;
+    if (!offered) return undefined;
+    clearTimeout(offered.timer);
+    this.offered = undefined;
+    return offered.handOver;
+  }
+
+  /** The pending offer, if any, is declined: its holder releases the lock as usual. */
+  decline(): void {
+    this.take()?.settle('declined');
   }
 
   join(): WaitTicket {

@@ -45,7 +45,18 @@ export type AcquireResult =
    * after the acquire was sent the lock surely still holds, when the store knows a shorter time than
    * the lease less the usual margin (Redlock: the lease less its clock-drift allowance).
    */
-  | { readonly acquired: true; readonly token: number; readonly validMs?: number }
+  | {
+      readonly acquired: true;
+      readonly token: number;
+      readonly validMs?: number;
+      /**
+       * With `from` (a local hand-over): whether `from`'s hold was replaced by this one (true), or
+       * `from` held nothing and the lock was taken as by any attempt (false). `true` also when the
+       * answer cannot tell (a copy the client re-sent found this owner in already): either way
+       * `from` holds nothing now.
+       */
+      readonly handedOver?: boolean;
+    }
   /**
    * Not taken: `ttl` is the holder's remaining lease in ms (-1 when the key has none), or -3 when
    * the lock is free but other waiters are ahead in its line; then `turnMs`, when the store knows
@@ -65,6 +76,15 @@ export interface AcquireOptions {
   readonly share?: number;
   /** A description of the holder (JSON), kept with the hold for `inspect`, and gone with it. */
   readonly describe?: string;
+  /**
+   * A local hand-over (stores with `handsOver` only; exclusive holds only): the owner id of an
+   * exclusive hold of this same application whose holder has finished and hands the lock to this
+   * attempt instead of releasing it. While `from` still holds `key`, its hold (with its description
+   * and waiting mark) is replaced by the new owner's in one atomic step, with a fresh fencing token
+   * and the new owner's own lease: the lock is never free in between, whoever waits in the store's
+   * line. When `from` holds nothing, the attempt is an ordinary one. See `handedOver`.
+   */
+  readonly from?: string;
   /**
    * A `performance.now()` time until which an attempt the store could not run, because the lock's
    * place is moving (a Cluster slot migrating), is sent again; never past `operationTimeout`.
@@ -191,6 +211,11 @@ export interface LockStore {
    * waiters): a lock name starting with one is refused before the store is asked.
    */
   readonly reservedPrefixes: readonly string[];
+  /**
+   * Whether `acquire` takes `from` (a hand-over between two owners of this application in one
+   * step, see `AcquireOptions.from`); a store that cannot is never asked to.
+   */
+  readonly handsOver: boolean;
   /**
    * Whether `acquire` can bound the number of shared holds (`share` > 0: a semaphore's permits)
    * safely; a store that cannot is never asked to.

@@ -79,6 +79,7 @@ export class MemoryLockStore implements LockStore {
   readonly lineRefreshMs = Math.floor(PLACE_MS / 3);
   readonly reservedPrefixes = [FENCE_MARKER, LINE_MARKER];
   readonly boundsShares = true;
+  readonly handsOver = true;
   private readonly entries = new Map<string, Entry>();
   private lastToken = 0;
 
@@ -137,6 +138,14 @@ export class MemoryLockStore implements LockStore {
       entry.refusals -= 1;
       return busy(this.remaining(entry, at));
     }
+    const handing = options.from === undefined ? undefined : entry.holds.get(options.from);
+    if (handing?.exclusive && share === undefined) {
+      // A local hand-over: the holder's hold becomes the new owner's in one step (never free between).
+      entry.holds.delete(options.from as string);
+      const index = waiter ? entry.line.findIndex((place) => place.id === waiter) : -1;
+      if (index !== -1) entry.line.splice(index, 1);
+      return { ...this.hold(entry, owner, leaseMs, options, at), handedOver: true };
+    }
     const holds = [...entry.holds.values()];
     const exclusive = holds.find((hold) => hold.exclusive);
     if (share === undefined ? holds.length > 0 : exclusive !== undefined) return busy(this.remaining(entry, at));
@@ -148,15 +157,27 @@ export class MemoryLockStore implements LockStore {
     // wait for the lease it was refused with ends now).
     if (head && head.id !== waiter) return busy(-3, head.deadline - at);
     if (head) entry.line.shift();
-    const token = (this.lastToken += 1);
-    const recorded = options.describe
-      ? { since: Date.now(), fencingToken: token, description: options.describe }
-      : undefined;
-    entry.holds.set(owner, { exclusive: share === undefined, endsAt: at + leaseMs, recorded });
+    const taken = this.hold(entry, owner, leaseMs, options, at);
     // Room left for the next in line (shared holds): let it look.
     if (share !== undefined && entry.line.length > 0 && (share === 0 || holds.length + 1 < share)) {
       this.announce(entry);
     }
+    return options.from === undefined ? taken : { ...taken, handedOver: false };
+  }
+
+  /** Write `owner`'s hold with a new fencing token. */
+  private hold(
+    entry: Entry,
+    owner: string,
+    leaseMs: number,
+    options: AcquireOptions,
+    at: number,
+  ): { acquired: true; token: number } {
+    const token = (this.lastToken += 1);
+    const recorded = options.describe
+      ? { since: Date.now(), fencingToken: token, description: options.describe }
+      : undefined;
+    entry.holds.set(owner, { exclusive: options.share === undefined, endsAt: at + leaseMs, recorded });
     return { acquired: true, token };
   }
 

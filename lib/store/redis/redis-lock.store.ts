@@ -166,6 +166,8 @@ export class RedisLockStore implements LockStore {
   readonly lineRefreshMs = Math.floor(PLACE_MS / 3);
   /** A single server (or a hash slot's master) counts every shared hold of a key. */
   readonly boundsShares = true;
+  /** The acquire script hands a hold from one owner to the next in one step (see its ARGV[10]). */
+  readonly handsOver = true;
   /** Fencing counters and lines of waiters live under the module's key prefix too. */
   readonly reservedPrefixes = [FENCE_MARKER, LINE_MARKER];
   /** The release script's flag for announcing releases that nobody waits for (see the constructor). */
@@ -236,28 +238,32 @@ export class RedisLockStore implements LockStore {
   }
 
   async acquire(key: string, owner: string, leaseMs: number, options: AcquireOptions = {}): Promise<AcquireResult> {
-    const { waiter, share, describe } = options;
+    const { waiter, share, describe, from } = options;
     // The release script reads the hold's kind from its owner id (see `OwnerIds`).
     if (owner.startsWith(SHARED_OWNER_PREFIX) !== (share !== undefined)) {
       throw new Error(
         `Owner id "${owner}" does not say its hold's kind: a shared hold's id starts with "${SHARED_OWNER_PREFIX}", an exclusive one's never does`,
       );
     }
+    if (from !== undefined && share !== undefined) throw new Error('Only an exclusive hold is handed over');
     const migration: Migration = {};
+    const args: (string | number)[] = [
+      owner,
+      leaseMs,
+      waiter ?? '',
+      PLACE_MS,
+      this.sharded,
+      this.lineNotice,
+      share ?? GRANT_MS,
+      describe ?? '',
+      GRANT_MS,
+    ];
+    // Sent only for a local hand-over: the uncontended path's command stays as short as it was.
+    if (from !== undefined) args.push(from);
     const pending = this.send(
       share === undefined ? ACQUIRE_SCRIPT : ACQUIRE_SHARED_SCRIPT,
       this.lineScriptKeys(key),
-      [
-        owner,
-        leaseMs,
-        waiter ?? '',
-        PLACE_MS,
-        this.sharded,
-        this.lineNotice,
-        share ?? GRANT_MS,
-        describe ?? '',
-        GRANT_MS,
-      ],
+      args,
       migration,
       options.retryUntil,
     );
@@ -274,10 +280,12 @@ export class RedisLockStore implements LockStore {
       if (!(error instanceof StoreDisconnectedError)) this.abandon(key, owner, leaseMs, pending);
       throw error;
     }
-    const [taken, value, turnMs] = reply as [number, number, number?];
+    const [taken, value, third] = reply as [number, number, number?];
     if (taken !== 1)
-      return turnMs === undefined ? { acquired: false, ttl: value } : { acquired: false, ttl: value, turnMs };
+      return third === undefined ? { acquired: false, ttl: value } : { acquired: false, ttl: value, turnMs: third };
     if (this.replicaAck) await this.confirmed(key, owner, leaseMs);
+    // A hand-over answers 1 (handed over) or 2 (a re-sent copy: `from` is gone either way).
+    if (from !== undefined) return { acquired: true, token: value, handedOver: third !== undefined };
     return { acquired: true, token: value };
   }
 

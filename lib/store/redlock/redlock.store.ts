@@ -102,6 +102,8 @@ export class RedlockStore implements LockStore {
    * the bound could each win a majority.
    */
   readonly boundsShares = false;
+  /** A hand-over on each node would be a second quorum to win: holds are released and taken anew. */
+  readonly handsOver = false;
 
   async acquire(key: string, owner: string, leaseMs: number, options: AcquireOptions = {}): Promise<AcquireResult> {
     // No line: every node is asked as a newcomer.

@@ -28,6 +28,9 @@ import { LuaScript } from './lua-script';
  * ARGV[8]  what to describe the holder with, for `inspect` (its host, pid, application, caller),
  *          kept in the lock hash beside its hold (see DESCRIPTION_MARK); '' for nothing
  * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
+ * ARGV[9]  (read by acquire-shared only)
+ * ARGV[10] sent only for a local hand-over: the owner id of an exclusive hold of the same
+ *          application that hands the lock to this attempt instead of releasing it (see below)
  *
  * Returns {1, token} when taken, {0, pttl} when another owner holds it (pttl -1: the key has no
  * expiry), and {0, -3, turn} when it is free
@@ -51,10 +54,21 @@ import { LuaScript } from './lua-script';
  * the script with FOREIGN_KEY_ERROR before anything is written (and one at its slot's fencing
  * counter with FOREIGN_FENCE_ERROR): it is someone else's key, not a lock held by another owner.
  *
+ * A local hand-over (ARGV[10], `from`): a holder that has finished hands the lock to the next
+ * waiter of its own process in one step instead of a release and an acquisition. While `from`
+ * holds the lock, its hold, description and waiting mark are replaced by the new owner's, with a
+ * fresh token and the new owner's lease, and the answer is {1, token, 1}: the lock is never free
+ * in between, so nobody else can take it then; who waits in the line is the caller's business (it
+ * hands over only a bounded number of times in a row, see `HeldLock.handOversLeft`). The new
+ * hold starts on this answer, as any hold does. When `from` holds nothing (its lease ran out, or
+ * it was force-unlocked), the attempt is an ordinary one.
+ *
  * Safe to run twice: a client that re-sends the command after a lost reply (ioredis does, by
  * default, when the connection drops) finds its own owner id already in the hash. That can only
  * be its own first run, so it answers "taken" again, with a new token: the first one never
- * reached the caller, and the new one is still larger than every token issued before it.
+ * reached the caller, and the new one is still larger than every token issued before it. A
+ * re-sent hand-over answers {1, token, 2}: `from` is gone, whether it was handed over by the first
+ * copy or had lost the lock before, which the answer cannot tell.
  */
 export const ACQUIRE_SCRIPT = new LuaScript(
   'acquire',
@@ -69,6 +83,22 @@ if redis.call('exists', key, line) == 0 then
   hold(owner, 1, string.format('%.0f', token))
   redis.call('pexpire', key, ARGV[2])
   return {1, token}
+end
+local from = ARGV[10]
+if from then
+  -- a local hand-over: pcall, a key of another type is someone else's (FOREIGN_KEY_LUA)
+  local passing = redis.pcall('hget', key, from)
+  ${FOREIGN_KEY_LUA('passing')}
+  if passing == '1' then
+    -- the token first: a foreign counter fails the script before anything is written
+    ${NEXT_TOKEN_LUA}
+    -- its hold, its description, and its waiting mark if it had one (3 fields), pass on at once
+    local marked = redis.call('hdel', key, from, '=' .. from, '${WAITING_MARK}' .. from) == 3
+    hold(owner, 1, string.format('%.0f', token), marked)
+    redis.call('pexpire', key, ARGV[2])
+    if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then redis.call('zrem', deadlines, waiter) end
+    return {1, token, 1}
+  end
 end
 local free = redis.call('exists', key) == 0
 ${TAKE_PLACE_LUA}
@@ -116,6 +146,7 @@ local waited = free and redis.call('exists', line) == 1
 -- (not free: a re-sent copy of this call, see below; its description gets the new token)
 hold(owner, 1, string.format('%.0f', token), waited)
 if free then redis.call('pexpire', key, ARGV[2]) end
+if from and not free then return {1, token, 2} end
 return {1, token}
 `,
 );
