@@ -23,7 +23,11 @@ export interface ClusterNodeInfo {
 }
 
 export interface ClusterStartOptions {
-  /** `cluster-node-timeout` in ms: how long a silent node takes to be failed over. Default 1000. */
+  /**
+   * `cluster-node-timeout` in ms: how long a silent node takes to be failed over. Default 1000. A
+   * longer one applies from the moment `start()` returns (the Cluster is built on 1000, see
+   * BUILD_NODE_TIMEOUT_MS), and to every node restarted later.
+   */
   nodeTimeoutMs?: number;
   /** More `redis-server` arguments for every node (e.g. `--rename-command SPUBLISH ''`). */
   args?: readonly string[];
@@ -36,6 +40,15 @@ interface Node {
   /** An admin connection (CLUSTER, INFO, ROLE), opened on demand. */
   admin: Redis | undefined;
 }
+
+/**
+ * The node timeout a Cluster is built on. A master that has seen a majority of the masters out of
+ * reach (as each does while the MEETs are under way) says `cluster_state:ok` only once its
+ * rejoin delay has passed, which is the node timeout (0.5-5 s): built on 5 s, a Cluster took
+ * 5-6 s to be ready instead of 2 (Redis's own 2 s writable delay). A longer timeout is set with
+ * CONFIG SET once the Cluster is healthy.
+ */
+const BUILD_NODE_TIMEOUT_MS = 1_000;
 
 /** Whether a loopback port can be listened on right now. */
 function canListen(port: number): Promise<boolean> {
@@ -325,6 +338,10 @@ export class RedisCluster {
     );
     await Promise.all(this.replicaPorts.map((port, i) => this.admin(port).cluster('REPLICATE', ids[i])));
     await this.awaitHealthy(10_000);
+    if (this.nodeTimeoutMs !== BUILD_NODE_TIMEOUT_MS) {
+      const timeout = String(this.nodeTimeoutMs);
+      await Promise.all(ports.map((port) => this.admin(port).config('SET', 'cluster-node-timeout', timeout)));
+    }
   }
 
   private async spawnNode(port: number): Promise<void> {
@@ -332,11 +349,11 @@ export class RedisCluster {
     mkdirSync(dir);
     const node: Node = { port, dir, process: undefined, admin: undefined };
     this.nodes.set(port, node);
-    await this.launch(node);
+    await this.launch(node, Math.min(this.nodeTimeoutMs, BUILD_NODE_TIMEOUT_MS));
   }
 
   /** Start a node's process in its dir (a first start, or a restart from its `nodes.conf`). */
-  private async launch(node: Node): Promise<void> {
+  private async launch(node: Node, nodeTimeoutMs = this.nodeTimeoutMs): Promise<void> {
     const { port, dir } = node;
     const args = [
       '--port',
@@ -348,7 +365,7 @@ export class RedisCluster {
       '--cluster-config-file',
       join(dir, 'nodes.conf'),
       '--cluster-node-timeout',
-      String(this.nodeTimeoutMs),
+      String(nodeTimeoutMs),
       '--save',
       '',
       '--appendonly',

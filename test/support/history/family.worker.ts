@@ -40,7 +40,7 @@ import {
 import { Observable } from 'rxjs';
 import { boundLifetime, workerConfig } from '../workers/protocol';
 import { type HistoryClientConfig, historyConnection } from './history-client';
-import { runHistoryLoop } from './history-loop';
+import { leaveRunning, runHistoryLoop } from './history-loop';
 import {
   type CallKind,
   clock,
@@ -294,6 +294,7 @@ async function maybeReenter(locks: LockService, taken: Taken, parts: readonly Lo
   // A re-entry that found the outer gone competes as a newcomer: it may take a hold of its own.
   const settled = nested.catch((error: unknown) => failed(error, names, calledAt, false, again, 'long'));
   if (roll < 0.15) await settled;
+  else leaveRunning(settled);
 }
 
 /** Why a call failed with Redis unavailable: its store's timeout, ioredis's commandTimeout, or the connection. */

@@ -21,7 +21,7 @@ import {
   RedisUnavailableError,
 } from 'nestjs-dislock';
 import { clock, type HistoryEvent, type LockPath, prng } from '../history/history';
-import { runHistoryLoop } from '../history/history-loop';
+import { leaveRunning, runHistoryLoop } from '../history/history-loop';
 import { boundLifetime, workerConfig } from './protocol';
 
 export interface HistoryWorkerConfig {
@@ -158,6 +158,7 @@ class Actor {
     });
     const settled = nested.catch(expected);
     if (roll < 0.15) await settled;
+    else leaveRunning(settled);
   }
 }
 
