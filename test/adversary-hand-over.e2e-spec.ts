@@ -21,6 +21,7 @@ import {
   type LockEventType,
   type LockHandle,
   LockService,
+  MemoryLockStore,
 } from 'nestjs-dislock';
 import { fenceKeyFor, lineKeysFor } from '../lib/store/redis/fence-key';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
@@ -31,6 +32,7 @@ import { type CommandMatcher, FaultProxy, isScript } from './support/fault-proxy
 import { holdsOf } from './support/lock-hash';
 import { calls, keysOf, type Line, Monitor } from './support/monitor';
 import { RedisServer } from './support/redis-server';
+import { ReplicatedPair } from './support/sentinel';
 import { eventually } from './support/shared-redis';
 
 const PREFIX = 'adv-hand-over:';
@@ -118,8 +120,10 @@ class Sections {
     this.entries.forEach((entry, i) => {
       if (entry.shared) return;
       for (const [j, other] of this.entries.entries()) {
-        if (j < i && other.token >= entry.token) bad.push(`${entry.who} (${entry.token}) after ${other.who} (${other.token})`);
-        if (j > i && other.token <= entry.token) bad.push(`${other.who} (${other.token}) after ${entry.who} (${entry.token})`);
+        if (j < i && other.token >= entry.token)
+          bad.push(`${entry.who} (${entry.token}) after ${other.who} (${other.token})`);
+        if (j > i && other.token <= entry.token)
+          bad.push(`${other.who} (${other.token}) after ${entry.who} (${entry.token})`);
       }
     });
     return bad;
@@ -188,7 +192,10 @@ describe('adversary: hand-overs inside one process', () => {
     return proxy;
   }
 
-  async function app(redis: DisLockModuleOptions['redis'], options: Partial<DisLockModuleOptions> = {}): Promise<TestApp> {
+  async function app(
+    redis: DisLockModuleOptions['redis'],
+    options: Partial<DisLockModuleOptions> = {},
+  ): Promise<TestApp> {
     const t = await createTestApp([], { redis, keyPrefix: PREFIX, telemetry: false, ...options });
     apps.push(t);
     return t;
@@ -272,7 +279,9 @@ describe('adversary: hand-overs inside one process', () => {
     // One turn of A's line at most (its six callers) while a caller of B waits.
     expect(longestRun).toBeLessThanOrEqual(6);
     expect(sections.entries.length).toBeGreaterThan(50);
-    console.log(`[stress] ${sections.entries.length} entries, ${handOversIn(await monitor.window(from), key).length} hand-overs, longest run of A while B waits ${longestRun}`);
+    console.log(
+      `[stress] ${sections.entries.length} entries, ${handOversIn(await monitor.window(from), key).length} hand-overs, longest run of A while B waits ${longestRun}`,
+    );
     // The test exercised what it is about.
     expect(handOversIn(await monitor.window(from), key).length).toBeGreaterThan(5);
     await nothingLeft(redis, name);
@@ -376,6 +385,177 @@ describe('adversary: hand-overs inside one process', () => {
       expect(handOversIn(await monitor.window(from), key)).toEqual([]);
       await next.release();
       await nothingLeft(redis, name);
+    });
+  });
+
+  describe('the waiter, the application and other callers while the hand-over is on its way', () => {
+    /** A holder with a budget, a waiter next, a third behind; the hand-over's reply held `ms` by the proxy. */
+    async function handOverInFlight(ms: number, options: Partial<DisLockModuleOptions> = {}) {
+      const { server, redis } = await ownServer();
+      const monitor = await monitorOf(server, redis);
+      const proxy = await proxyTo(server);
+      const t = await app(proxy.url, options);
+      const name = 'in-flight';
+      const quit = new AbortController();
+      const { holder, rest } = await lineUp(t.locks, name, 3, (i) => (i === 1 ? { signal: quit.signal } : {}));
+      const [next, third] = rest;
+      const delayed = proxy.delayReply(isHandOver, ms);
+      // Redis runs it (MONITOR): its reply is now held by the proxy.
+      const ran = monitor.next((args) => isScript(ACQUIRE_SCRIPT)(args) && argvOf(args).length === 10);
+      const released = settle(holder.release());
+      await ran;
+      return { t, redis, name, holder, next, third, quit, delayed, released };
+    }
+
+    it('the waiter gives up while its hand-over is on its way: the holder released, the lock goes on to the next, nothing left', async () => {
+      const { t, redis, name, holder, next, third, quit, delayed, released } = await handOverInFlight(200);
+      quit.abort();
+      await delayed;
+      const holderOutcome = await released;
+      expect(holderOutcome.ok && holderOutcome.value).toBe(true);
+      expect((await settle(next)).ok).toBe(false);
+      const last = await third;
+      expect(last.fencingToken).toBeGreaterThan(holder.fencingToken);
+      expect(await holdsOf(redis, PREFIX + name)).toEqual({ [last.owner]: '1' });
+      await last.release();
+      await nothingLeft(redis, name);
+      expect((await t.locks.health()).heldLocks).toBe(0);
+    });
+
+    it('the application shuts down while the hand-over is on its way: everything settles, nothing left', async () => {
+      const { t, redis, name, next, third, released } = await handOverInFlight(200);
+      await t.close();
+      expect((await released).ok).toBe(true);
+      await Promise.allSettled([next, third]);
+      await nothingLeft(redis, name);
+    });
+
+    it('forceUnlock while the hand-over is on its way: one holder at most, nothing left', async () => {
+      const { t, redis, name, holder, next, third, delayed, released } = await handOverInFlight(200);
+      const forced = await t.locks.forceUnlock(name);
+      await delayed;
+      await released;
+      const got = await settle(next);
+      // Whoever holds it now (the handed-over owner was force-unlocked), it is one owner.
+      const holds = Object.keys(await holdsOf(redis, PREFIX + name));
+      expect(holds.length).toBeLessThanOrEqual(1);
+      expect(forced.map((hold) => hold.owner)).not.toContain(holder.owner);
+      if (got.ok) await got.value.release();
+      const last = await third;
+      expect(last.fencingToken).toBeGreaterThan(holder.fencingToken);
+      await last.release();
+      await nothingLeft(redis, name);
+    });
+  });
+
+  describe("the holder's outcome", () => {
+    // FINDING 1 (fails on 9fd60d4): a re-sent copy of the hand-over answers {1, token, 2}, which the
+    // store reads as handedOver: true, whether the first copy handed the hold over or found it gone
+    // and took the lock as an ordinary acquisition. Here the holder's hold was dropped while its code
+    // ran; the head's attempt took the free lock (answer {1, token}: "declined", which would have
+    // reported the loss), its reply was lost, ioredis re-sent it, and the copy's {1, token, 2} told
+    // the holder "released" (true), with no 'lost' event and no LockLostError.
+    it.skip('a lock lost mid-work (force-unlocked by another process), then a hand-over whose reply is lost: the holder is told, not "released"', async () => {
+      const { server, redis } = await ownServer();
+      const proxy = await proxyTo(server);
+      const t = await app(proxy.url);
+      const other = await app(server.url);
+      const name = 'masked';
+      const lost: string[] = [];
+      t.locks.on('lost', (event) => void lost.push(event.owner));
+      // The next waiter here sleeps until the holder's release (no place in Redis's line), so the
+      // force-unlock below wakes nobody and grants nothing.
+      const { holder, rest } = await lineUp(t.locks, name, 3);
+      // Another process drops the hold while the holder works: its process does not know yet (the
+      // watchdog renews every 10 s).
+      expect((await other.locks.forceUnlock(name)).map((hold) => hold.owner)).toEqual([holder.owner]);
+      const dropped = proxy.dropReply(isHandOver);
+      const released = await holder.release();
+      await dropped;
+      const next = await rest[0];
+      expect(await holdsOf(redis, PREFIX + name)).toEqual({ [next.owner]: '1' });
+      // The holder's critical section ran without the lock: it must learn so.
+      expect({ released, lost }).toEqual({ released: false, lost: [holder.owner] });
+      await next.release();
+    });
+
+    // FINDING 2 (fails on 9fd60d4): with `replicas`, the hand-over's script runs (the holder's hold is
+    // replaced), then the new owner's WAIT falls short: RedisLockStore.acquire throws
+    // ReplicaShortfallError after the script answered, Acquisition.attempt settles the offer with
+    // { error }, and the holder's release() rejects with ReplicationNotConfirmedError ("Could not
+    // acquire lock") after waiting out the replicas' timeout, although its hold is certainly gone.
+    it.skip('a hand-over whose new owner replicas do not confirm: the holder, whose hold did go over, is not told its release failed', async () => {
+      const pair = await ReplicatedPair.start();
+      try {
+        const t = await app(pair.nodes[0].url, { replicas: { min: 1, timeout: 300 } });
+        const name = 'replicas';
+        const { holder, rest } = await lineUp(t.locks, name, 2);
+        pair.cutReplication();
+        const released = await settle(holder.release());
+        const next = await settle(rest[0]);
+        expect(next.ok).toBe(false);
+        expect(released.ok ? released.value : String(released.error)).toBe(true);
+      } finally {
+        await Promise.allSettled(apps.splice(0).map((t) => t.close()));
+        await pair.dispose();
+      }
+    }, 30_000);
+  });
+
+  describe('the memory store under fake timers', () => {
+    afterEach(() => {
+      vi.useRealTimers();
+    });
+
+    it('a chain of hand-overs needs no timer to move; another application waiting gets the lock after one turn; nothing left', async () => {
+      vi.useFakeTimers();
+      const store = new MemoryLockStore();
+      const handOvers: string[] = [];
+      const acquire = store.acquire.bind(store);
+      vi.spyOn(store, 'acquire').mockImplementation((key, owner, leaseMs, options) => {
+        if (options?.from !== undefined) handOvers.push(options.from);
+        return acquire(key, owner, leaseMs, options);
+      });
+      const contexts = await Promise.all(
+        [0, 1].map(async () => {
+          const moduleRef = await Test.createTestingModule({
+            imports: [DisLockTestingModule.forRoot({ store, keyPrefix: PREFIX })],
+          }).compile();
+          return moduleRef.init();
+        }),
+      );
+      try {
+        const [a, b] = contexts.map((context) => context.get(LockService));
+        const name = 'memory-chain';
+        const order: string[] = [];
+        const { holder, rest } = await lineUp(a, name, 4);
+        const other = await startWaiting(b, name);
+        const late = await startWaiting(a, name);
+        const tokens = [holder.fencingToken];
+        expect(store.holders(PREFIX + name).map((hold) => hold.owner)).toEqual([holder.owner]);
+        order.push('a1');
+        await holder.release();
+        for (const [i, got] of rest.entries()) {
+          const handle = await got;
+          order.push(`a${i + 2}`);
+          tokens.push(handle.fencingToken);
+          await handle.release();
+        }
+        const fromB = await other.got;
+        order.push('b');
+        tokens.push(fromB.fencingToken);
+        await fromB.release();
+        const last = await late.got;
+        order.push('a-late');
+        tokens.push(last.fencingToken);
+        await last.release();
+        expect(order).toEqual(['a1', 'a2', 'a3', 'a4', 'b', 'a-late']);
+        expect(handOvers).toHaveLength(3);
+        expect(tokens).toEqual([...tokens].sort((x, y) => x - y));
+        expect(store.holders(PREFIX + name)).toEqual([]);
+      } finally {
+        for (const context of contexts) await context.close();
+      }
     });
   });
 });
