@@ -288,6 +288,42 @@ describe('adversary: hand-overs inside one process', () => {
     for (const t of [a, b]) expect((await t.locks.health()).heldLocks).toBe(0);
   }, 60_000);
 
+  it('multi-locks and single locks of the same names in two processes: no overlap on either name, nothing left', async () => {
+    const { server, redis } = await ownServer();
+    const monitor = await monitorOf(server, redis);
+    const [a, b] = [await app(server.url), await app(server.url)];
+    const names = ['left', 'right'];
+    const sections = new Map(names.map((name) => [name, new Sections()]));
+    const from = monitor.lines.length;
+    let seq = 0;
+
+    async function worker(t: TestApp, label: string, rounds: number): Promise<void> {
+      for (let round = 0; round < rounds; round += 1) {
+        const pick = (round + label.length) % 3;
+        const wanted = pick === 0 ? names : [names[(round + Number(label.slice(1))) % 2]];
+        const who = `${label}#${(seq += 1)}:${wanted.join('+')}`;
+        const handle =
+          wanted.length > 1
+            ? await t.locks.lock(wanted, { waitTime: WAIT })
+            : await t.locks.lock(wanted[0], { waitTime: WAIT });
+        for (const name of wanted) sections.get(name)?.enter(who, false, 0);
+        await work(round % 3);
+        for (const name of wanted) sections.get(name)?.exit(who);
+        await handle.release();
+      }
+    }
+
+    await Promise.all([
+      ...['a1', 'a2', 'a3', 'a4'].map((label) => worker(a, label, 30)),
+      ...['b1', 'b2'].map((label) => worker(b, label, 30)),
+    ]);
+    for (const name of names) expect(sections.get(name)?.overlaps).toEqual([]);
+    const lines = await monitor.window(from);
+    expect(names.reduce((sum, name) => sum + handOversIn(lines, PREFIX + name).length, 0)).toBeGreaterThan(5);
+    for (const name of names) await nothingLeft(redis, name);
+    for (const t of [a, b]) expect((await t.locks.health()).heldLocks).toBe(0);
+  }, 60_000);
+
   describe('Redis faults on the hand-over attempt', () => {
     it('its reply is lost and the connection reset (ioredis re-sends it): one holder, the holder released, nothing left', async () => {
       const { server, redis } = await ownServer();
