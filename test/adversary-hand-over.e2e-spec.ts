@@ -485,13 +485,11 @@ describe('adversary: hand-overs inside one process', () => {
   });
 
   describe("the holder's outcome", () => {
-    // FINDING 1 (fails on 9fd60d4): a re-sent copy of the hand-over answers {1, token, 2}, which the
-    // store reads as handedOver: true, whether the first copy handed the hold over or found it gone
-    // and took the lock as an ordinary acquisition. Here the holder's hold was dropped while its code
-    // ran; the head's attempt took the free lock (answer {1, token}: "declined", which would have
-    // reported the loss), its reply was lost, ioredis re-sent it, and the copy's {1, token, 2} told
-    // the holder "released" (true), with no 'lost' event and no LockLostError.
-    it.skip('a lock lost mid-work (force-unlocked by another process), then a hand-over whose reply is lost: the holder is told, not "released"', async () => {
+    // Found by review (9fd60d4): a re-sent copy of the hand-over answered {1, token, 2} whether the
+    // first copy handed the hold over or found it gone and took the lock as an ordinary acquisition,
+    // so a holder whose hold was dropped while its code ran was told "released". A hold that came by
+    // hand-over now says so in its description, and the re-sent copy answers 3 for the other case.
+    it('a lock lost mid-work (force-unlocked by another process), then a hand-over whose reply is lost: the holder is told, not "released"', async () => {
       const { server, redis } = await ownServer();
       const proxy = await proxyTo(server);
       const t = await app(proxy.url);
@@ -515,12 +513,11 @@ describe('adversary: hand-overs inside one process', () => {
       await next.release();
     });
 
-    // FINDING 2 (fails on 9fd60d4): with `replicas`, the hand-over's script runs (the holder's hold is
-    // replaced), then the new owner's WAIT falls short: RedisLockStore.acquire throws
-    // ReplicaShortfallError after the script answered, Acquisition.attempt settles the offer with
-    // { error }, and the holder's release() rejects with ReplicationNotConfirmedError ("Could not
-    // acquire lock") after waiting out the replicas' timeout, although its hold is certainly gone.
-    it.skip('a hand-over whose new owner replicas do not confirm: the holder, whose hold did go over, is not told its release failed', async () => {
+    // Found by review (9fd60d4): with `replicas`, the hand-over's script runs (the holder's hold is
+    // replaced), then the new owner's WAIT falls short; the holder's release() used to reject with
+    // ReplicationNotConfirmedError although its hold was certainly gone. The store now marks the
+    // error (`markHandedOver`), and the holder is told it released.
+    it('a hand-over whose new owner replicas do not confirm: the holder, whose hold did go over, is not told its release failed', async () => {
       const pair = await ReplicatedPair.start();
       try {
         const t = await app(pair.nodes[0].url, { replicas: { min: 1, timeout: 300 } });

@@ -641,6 +641,20 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
       expect(p.after.info.has('oA')).toBe(false);
     });
 
+    it('a hand-over from a holder that holds nothing: taken as by any attempt; the re-sent copy says nothing was handed over', async () => {
+      const c: Case<AcquireResult> = {
+        script: ACQUIRE_SCRIPT,
+        scene: async () => undefined, // oA's hold is gone (lost) before it hands over
+        call: (k) => store.acquire(k.lock, 'oW1', LEASE.oW1, { waiter: 'w1', describe: described('oW1'), from: 'oA' }),
+        reissues: true,
+      };
+      const p = await judge(c);
+      // A holder told "handed over" would never learn that its lock was lost while its code ran.
+      expect(p.once).toMatchObject({ acquired: true, handedOver: false });
+      expect(p.twice).toMatchObject({ acquired: true, handedOver: false });
+      expect(fields(p.after)).toEqual({ oW1: '1' });
+    });
+
     it('busy: refused, with one place at the end of the line (its arrival from the first run)', async () => {
       const c: Case<AcquireResult> = {
         script: ACQUIRE_SCRIPT,

@@ -12,7 +12,7 @@ import {
   shareOf,
 } from '../options/dislock.options';
 import type { LockStore } from '../store/lock-store.interface';
-import { ForeignKeyError, SlotMigratingError, StoreDisconnectedError } from '../store/store-errors';
+import { ForeignKeyError, SlotMigratingError, StoreDisconnectedError, wasHandedOver } from '../store/store-errors';
 import type { HeldLocks } from './held-locks';
 import { redisFailed } from './redis-failed';
 import type { ShutdownGate } from './shutdown-gate';
@@ -309,14 +309,12 @@ export class Acquisition implements Attempter {
         from: handOver?.from,
       });
     } catch (error) {
-      // Never sent, or refused before it ran (a slot migrating, someone else's key): the holder
-      // still holds, and releases as usual. Otherwise the store gives this owner's hold back, if
-      // it was taken, and the holder gives its own back.
-      const ranNot =
-        error instanceof SlotMigratingError ||
-        error instanceof StoreDisconnectedError ||
-        error instanceof ForeignKeyError;
-      handOver?.settle(ranNot ? 'declined' : { error });
+      // Never sent, or refused by the script (someone else's key): the holder still holds, and
+      // releases as usual. Handed over, then refused (the new hold's replicas fell short): the
+      // holder's hold is gone. Otherwise it cannot be known (a slot migrating may still run a copy
+      // the client held back): the store gives this owner's hold back, and the holder its own.
+      const ranNot = error instanceof StoreDisconnectedError || error instanceof ForeignKeyError;
+      handOver?.settle(wasHandedOver(error) ? 'handed-over' : ranNot ? 'declined' : { error });
       // The lock's Cluster slot was migrating for the whole operationTimeout (nothing ran): a
       // waiter with time left goes on waiting, and looks again shortly.
       if (error instanceof SlotMigratingError && until !== undefined && now() + MIGRATING_LOOK_MS < until) {

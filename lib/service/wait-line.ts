@@ -16,7 +16,6 @@ const now = (): number => performance.now();
  */
 const SUBSCRIBE_GRACE_MS = 100;
 
-/** Poll back-off while the release channel is not heard: 5, 10, 20, 40, 80, then 100 ms, each +-50 %. */
 /**
  * How long a finished holder's offer of a hand-over waits for the head of the local line to take
  * it to its next attempt (the head is asleep, waiting for this very release: one wake-up away),
@@ -27,6 +26,7 @@ const HAND_OVER_WAIT_MS = 20;
 /** The most hand-overs in a row one process makes (see `HeldLock.handOversLeft`). */
 const MAX_HAND_OVERS = 64;
 
+/** Poll back-off while the release channel is not heard: 5, 10, 20, 40, 80, then 100 ms, each +-50 %. */
 function backoff(attempt: number): number {
   return Math.min(100, 5 * 2 ** Math.min(attempt, 8)) * (0.5 + Math.random());
 }

@@ -51,9 +51,9 @@ export type AcquireResult =
       readonly validMs?: number;
       /**
        * With `from` (a local hand-over): whether `from`'s hold was replaced by this one (true), or
-       * `from` held nothing and the lock was taken as by any attempt (false). `true` also when the
-       * answer cannot tell (a copy the client re-sent found this owner in already): either way
-       * `from` holds nothing now.
+       * `from` held nothing and the lock was taken as by any attempt (false), also when the client
+       * re-sent the command. An acquisition with `from` that rejects after `from`'s hold was
+       * replaced (the new hold's replicas fell short) says so on its error (`wasHandedOver`).
        */
       readonly handedOver?: boolean;
     }

@@ -97,3 +97,17 @@ export class ForeignKeyError extends Error {
     this.name = 'ForeignKeyError';
   }
 }
+
+/**
+ * Marks `error`, thrown by an acquisition with `from` (a local hand-over) after `from`'s hold was
+ * already replaced (the new hold's replicas then fell short, and it was given back): the holder's
+ * hold is gone by its own hand-over, whatever became of the new one.
+ */
+export function markHandedOver(error: unknown): void {
+  if (typeof error === 'object' && error !== null) Object.assign(error, { handedOver: true });
+}
+
+/** Whether `error` says the hand-over it ended had replaced the holder's hold (see `markHandedOver`). */
+export function wasHandedOver(error: unknown): boolean {
+  return typeof error === 'object' && error !== null && (error as { handedOver?: unknown }).handedOver === true;
+}

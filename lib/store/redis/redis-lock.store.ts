@@ -18,7 +18,7 @@ import { FENCE_MARKER, fenceKeyFor, keySlot, LINE_MARKER, lineKeysFor, slotGuard
 import { EPOCH_SCRIPT } from './scripts/epoch.script';
 import { FORCE_UNLOCK_SCRIPT } from './scripts/force-unlock.script';
 import { INSPECT_SCRIPT } from './scripts/inspect.script';
-import { DESCRIPTION_MARK } from './scripts/line.lua';
+import { DESCRIPTION_MARK, HANDED_OVER_MARK } from './scripts/line.lua';
 import type {
   AcquireOptions,
   AcquireResult,
@@ -38,7 +38,13 @@ import { ReleaseEchoes } from './release-echoes';
 import type { ReplicaAck } from './replica-ack';
 import { ReleaseSubscriber } from './release-subscriber';
 import { giveBackHold } from '../give-back';
-import { ForeignKeyError, SlotMigratingError, StoreDisconnectedError, StoreTimeoutError } from '../store-errors';
+import {
+  ForeignKeyError,
+  markHandedOver,
+  SlotMigratingError,
+  StoreDisconnectedError,
+  StoreTimeoutError,
+} from '../store-errors';
 import { ConnectionState } from './connection-state';
 import { healthProblem } from './connection-problem';
 
@@ -73,7 +79,8 @@ function pairs(flat: readonly string[]): Map<string, string> {
 /** A holder's description (`<since>|<token>|<description>`, see DESCRIPTION_MARK) as `StoredHold.recorded`. */
 function parseRecord(entry: string | undefined): StoredHold['recorded'] {
   if (!entry) return undefined;
-  const [since, token, ...rest] = entry.split('|');
+  // (a hold that came by a local hand-over says so first: HANDED_OVER_MARK)
+  const [since, token, ...rest] = (entry.startsWith(HANDED_OVER_MARK) ? entry.slice(1) : entry).split('|');
   return {
     since: Number(since),
     ...(token !== '' && token !== undefined && { fencingToken: Number(token) }),
@@ -283,9 +290,18 @@ export class RedisLockStore implements LockStore {
     const [taken, value, third] = reply as [number, number, number?];
     if (taken !== 1)
       return third === undefined ? { acquired: false, ttl: value } : { acquired: false, ttl: value, turnMs: third };
-    if (this.replicaAck) await this.confirmed(key, owner, leaseMs);
-    // A hand-over answers 1 (handed over) or 2 (a re-sent copy: `from` is gone either way).
-    if (from !== undefined) return { acquired: true, token: value, handedOver: third !== undefined };
+    if (this.replicaAck) {
+      try {
+        await this.confirmed(key, owner, leaseMs);
+      } catch (error) {
+        // The script ran: `from`'s hold went over before the new one fell short of its replicas.
+        if (third === 1 || third === 2) markHandedOver(error);
+        throw error;
+      }
+    }
+    // A hand-over answers 1 (handed over), 2 (a re-sent copy of one that handed over) or 3 (a
+    // re-sent copy of one that found `from` holding nothing); nothing, when `from` held nothing.
+    if (from !== undefined) return { acquired: true, token: value, handedOver: third === 1 || third === 2 };
     return { acquired: true, token: value };
   }
 

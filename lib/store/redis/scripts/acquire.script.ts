@@ -3,6 +3,7 @@ import {
   FIND_GRANT_LUA,
   FOREIGN_KEY_LUA,
   GRANT_LUA,
+  HANDED_OVER_MARK,
   HOLD_LUA,
   NEXT_TOKEN_LUA,
   TAKE_PLACE_LUA,
@@ -56,8 +57,9 @@ import { LuaScript } from './lua-script';
  *
  * A local hand-over (ARGV[10], `from`): a holder that has finished hands the lock to the next
  * waiter of its own process in one step instead of a release and an acquisition. While `from`
- * holds the lock, its hold, description and waiting mark are replaced by the new owner's, with a
- * fresh token and the new owner's lease, and the answer is {1, token, 1}: the lock is never free
+ * holds the lock, its hold, description and waiting mark are replaced by the new owner's (its
+ * description begun with HANDED_OVER_MARK), with a fresh token and the new owner's lease, and the
+ * answer is {1, token, 1}: the lock is never free
  * in between, so nobody else can take it then; who waits in the line is the caller's business (it
  * hands over only a bounded number of times in a row, see `HeldLock.handOversLeft`). The new
  * hold starts on this answer, as any hold does. When `from` holds nothing (its lease ran out, or
@@ -67,8 +69,9 @@ import { LuaScript } from './lua-script';
  * default, when the connection drops) finds its own owner id already in the hash. That can only
  * be its own first run, so it answers "taken" again, with a new token: the first one never
  * reached the caller, and the new one is still larger than every token issued before it. A
- * re-sent hand-over answers {1, token, 2}: `from` is gone, whether it was handed over by the first
- * copy or had lost the lock before, which the answer cannot tell.
+ * re-sent hand-over answers {1, token, 2} when its first run handed over (the hold's description
+ * says so), {1, token, 3} when `from` held nothing then and the first run took the lock as any
+ * attempt does: a holder that had lost its lock is told so either way.
  */
 export const ACQUIRE_SCRIPT = new LuaScript(
   'acquire',
@@ -94,7 +97,7 @@ if from then
     ${NEXT_TOKEN_LUA}
     -- its hold, its description, and its waiting mark if it had one (3 fields), pass on at once
     local marked = redis.call('hdel', key, from, '=' .. from, '${WAITING_MARK}' .. from) == 3
-    hold(owner, 1, string.format('%.0f', token), marked)
+    hold(owner, 1, string.format('%.0f', token), marked, true)
     redis.call('pexpire', key, ARGV[2])
     if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then redis.call('zrem', deadlines, waiter) end
     return {1, token, 1}
@@ -121,6 +124,8 @@ if not free and mine ~= 1 then
   end
   return {0, redis.call('pttl', key)}
 end
+-- a re-sent copy of a hand-over: whether its first run handed over, from the hold's description
+local again = from and not free and string.sub(redis.call('hget', key, '=' .. owner) or '', 1, 1)
 local leaving = false
 if free and redis.call('exists', line) == 1 then
   local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -144,9 +149,9 @@ end
 -- (others still in the line: the hold carries the waiting mark, see WAITING_MARK)
 local waited = free and redis.call('exists', line) == 1
 -- (not free: a re-sent copy of this call, see below; its description gets the new token)
-hold(owner, 1, string.format('%.0f', token), waited)
+hold(owner, 1, string.format('%.0f', token), waited, again == '${HANDED_OVER_MARK}')
 if free then redis.call('pexpire', key, ARGV[2]) end
-if from and not free then return {1, token, 2} end
+if again then return {1, token, again == '${HANDED_OVER_MARK}' and 2 or 3} end
 return {1, token}
 `,
 );

@@ -335,17 +335,25 @@ end
 export const DESCRIPTION_MARK = '=';
 
 /**
- * Defines `hold(owner, value, token, waited)`: set the owner's hold in the lock hash `key` to
- * `value` (1 for an exclusive hold, the end of its lease in ms for a shared one), its description
- * (see DESCRIPTION_MARK: what the caller sent in ARGV[infoArg], recorded with `token`; with nothing
- * sent, only the time and token) and, when `waited`, the waiting mark (WAITING_MARK): one HSET.
- * Every hold has its description, so that the release of an exclusive one drops exactly 2 fields
- * when nobody waits. Expects `key` and `now` (the script's reply of TIME) as locals.
+ * The first character of the description of a hold that came by a local hand-over (see the
+ * acquire script's ARGV[10]), so that a re-sent copy of that hand-over can tell it from an
+ * ordinary acquisition by its first run.
+ */
+export const HANDED_OVER_MARK = '>';
+
+/**
+ * Defines `hold(owner, value, token, waited, handed)`: set the owner's hold in the lock hash `key`
+ * to `value` (1 for an exclusive hold, the end of its lease in ms for a shared one), its
+ * description (see DESCRIPTION_MARK: what the caller sent in ARGV[infoArg], recorded with `token`;
+ * with nothing sent, only the time and token; begun with HANDED_OVER_MARK when `handed`) and, when
+ * `waited`, the waiting mark (WAITING_MARK): one HSET. Every hold has its description, so that the
+ * release of an exclusive one drops exactly 2 fields when nobody waits. Expects `key` and `now`
+ * (the script's reply of TIME) as locals.
  */
 export const HOLD_LUA = (infoArg: number): string => `
-local function hold(owner, value, token, waited)
+local function hold(owner, value, token, waited, handed)
   local since = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local described = string.format('%.0f', since) .. '|' .. token .. '|' .. (ARGV[${infoArg}] or '')
+  local described = (handed and '${HANDED_OVER_MARK}' or '') .. string.format('%.0f', since) .. '|' .. token .. '|' .. (ARGV[${infoArg}] or '')
   if waited then
     redis.call('hset', key, owner, value, '=' .. owner, described, '${WAITING_MARK}' .. owner, 1)
   else
