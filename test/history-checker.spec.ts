@@ -194,6 +194,31 @@ describe('history checker', () => {
       expect(rules([x, y, forced(undefined, { before: undefined })])).toEqual([]);
     });
 
+    it('flags a holder it removed that was told "released" (rule 6), unless its own release was re-sent across a dropped connection', () => {
+      // X's hold was removed at 45 (returned); X's work ended at 100.
+      const freed: HistoryEvent = { kind: 'freed', worker: 0, name: 'n', owner: 'x', at: 103 };
+      const released: HistoryEvent = { kind: 'release', worker: 0, name: 'n', owner: 'x', at: 103 };
+      const sent: HistoryEvent = { kind: 'release-sent', worker: 0, owner: 'x', at: 101 };
+      const reset: FaultRecord = { worker: 0, kind: 'reset command', from: 102, to: 102 };
+      expect(rules([x, y, forced(['x'])])).toEqual([]);
+      // Told "released" with no release of its own sent (a hand-over's re-sent copy, before the fix).
+      expect(rules([x, y, forced(['x']), freed])).toEqual(['released-after-force']);
+      expect(rules([x, y, forced(['x']), released])).toEqual(['released-after-force']);
+      // Its release was sent, and answered without a fault: it found the hold gone, and must say so.
+      expect(rules([x, y, forced(['x']), sent, freed])).toEqual(['released-after-force']);
+      // The documented exception: the connection closed while that release was on its way.
+      expect(rules([x, y, forced(['x']), sent, freed], [reset])).toEqual([]);
+      // A fault that closed nothing, or one before the release was sent, excuses nothing.
+      expect(rules([x, y, forced(['x']), sent, freed], [{ ...reset, closes: false }])).toEqual([
+        'released-after-force',
+      ]);
+      expect(rules([x, y, forced(['x']), sent, freed], [{ ...reset, from: 99, to: 99.5 }])).toEqual([
+        'released-after-force',
+      ]);
+      // A hold the call may have removed (it failed) is not judged.
+      expect(rules([x, y, forced(undefined, { before: undefined }), freed])).toEqual([]);
+    });
+
     it('excuses a removed hold’s write refused by the next holder’s token', () => {
       const refused = hold({ owner: 'x', start: 0, end: 100, token: 10, write: 'refused', refusedBy: 30 });
       expect(rules([refused, y, forced(['x'])])).toEqual([]);

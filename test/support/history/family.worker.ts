@@ -35,9 +35,11 @@ import {
   LockNotAcquiredError,
   type LockOptions,
   LockService,
+  type LockStore,
   RedisUnavailableError,
 } from 'nestjs-dislock';
 import { Observable } from 'rxjs';
+import { DISLOCK_STORE } from '../../../lib/options/dislock.internal-constants';
 import { boundLifetime, workerConfig } from '../workers/protocol';
 import { type HistoryClientConfig, historyConnection } from './history-client';
 import { leaveRunning, runHistoryLoop } from './history-loop';
@@ -668,10 +670,18 @@ runHistoryLoop({
   fence,
   lifetime,
   oneCall,
-  onReady: (locks) => {
+  onReady: (locks, app) => {
     locks.on('released', (event) =>
       record({ kind: 'freed', worker: config.worker, name: event.name, owner: event.owner, at: clock() }),
     );
+    // Every release the store is asked for (a release or a give-back), for rule 6: the real store,
+    // watched, not replaced.
+    const store = app.get<LockStore>(DISLOCK_STORE);
+    const release = store.release.bind(store);
+    store.release = (key, owner) => {
+      record({ kind: 'release-sent', worker: config.worker, owner, at: clock() });
+      return release(key, owner);
+    };
   },
   afterClose: () => connection.client?.disconnect(),
 });

@@ -3,7 +3,7 @@
  * calls: start the Nest app, report 'ready', run `loops` loops of calls between 'go' and 'stop',
  * send the events up in batches, record the event loop's own stalls, close, and send the rest.
  */
-import { Logger, type Type } from '@nestjs/common';
+import { type INestApplicationContext, Logger, type Type } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import type { Redis } from 'ioredis';
 import { LockService } from 'nestjs-dislock';
@@ -35,8 +35,8 @@ export interface HistoryLoop<A> {
   readonly lifetime: { finish(): void };
   /** One call of a loop. */
   oneCall(actor: A, locks: LockService): Promise<void>;
-  /** Once the app is up, before 'ready' (to listen for lock events). */
-  onReady?(locks: LockService): void;
+  /** Once the app is up, before 'ready' (to listen for lock events, or watch its store). */
+  onReady?(locks: LockService, app: INestApplicationContext): void;
   /** After the app has closed (a client the worker created, which the module does not close). */
   afterClose?(): void;
 }
@@ -53,7 +53,7 @@ export function runHistoryLoop<A>(loop: HistoryLoop<A>): void {
     const app = await NestFactory.createApplicationContext(loop.module, { logger: ['error'] });
     const actor = app.get(loop.actor);
     const locks = app.get(LockService);
-    loop.onReady?.(locks);
+    loop.onReady?.(locks, app);
     await toParent({ type: 'ready' });
     await fromParent('go');
     const flusher = setInterval(() => {

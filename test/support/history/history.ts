@@ -289,6 +289,18 @@ export interface FreedRecord {
 }
 
 /**
+ * The worker's store was asked to release `owner`'s hold (its `release`, also under `giveBack`),
+ * at `at`: what rule 6 needs to tell a release re-sent across a dropped connection from a holder
+ * that never released at all.
+ */
+export interface ReleaseSentRecord {
+  readonly kind: 'release-sent';
+  readonly worker: number;
+  readonly owner: string;
+  readonly at: number;
+}
+
+/**
  * An operator's `forceUnlock(name)`, called at `calledAt`, settled at `at`. `before` is Redis's
  * clock (µs, as fencing tokens count) read by a script sent just before the force-unlock script
  * on the same connection, in the same write: every hold in Redis when the script ran had a token
@@ -337,6 +349,7 @@ export type HistoryEvent =
   | UnknownRecord
   | BusyRecord
   | FreedRecord
+  | ReleaseSentRecord
   | ForceUnlockRecord;
 
 /** A fault injected into one worker's connection to Redis, from when it bit to when it was over. */
@@ -425,7 +438,15 @@ export function lossesOf(faults: readonly FaultRecord[]): Loss[] {
 }
 
 export interface Violation {
-  readonly rule: 'overlap' | 'permits' | 'fencing' | 'lost-wake-up' | 'held-by-nobody' | 'told-late' | 'error';
+  readonly rule:
+    | 'overlap'
+    | 'permits'
+    | 'fencing'
+    | 'lost-wake-up'
+    | 'held-by-nobody'
+    | 'told-late'
+    | 'released-after-force'
+    | 'error';
   readonly text: string;
 }
 
@@ -804,6 +825,7 @@ export function checkHistory(
     checkRefusedWrites(list, paused, forgetting, violations);
   }
   forgetting.checkTold(holds, violations);
+  checkReleasedAfterForce(events, holds, faultsOf, violations);
   checkWakeUps(events, holds, faults, paused, forgetting, options, violations);
   checkHeldByNobody(events, holds, faults, paused, forgetting, options, violations);
   return violations;
@@ -832,6 +854,47 @@ export function lateReportFrom(
   // A loop stands still for a bounded time: the running time since `loss.to` grows past the deadline.
   while (forgetting.inTime(worker, loss, at)) at += 10;
   return at;
+}
+
+/**
+ * Rule 6: a hold an operator's forceUnlock surely removed (it returned the hold) was never freed by
+ * its holder's release, so its holder must not be told "released" (the library's 'released' event):
+ * its work ran, at least in part, without the lock, and it must hear so (a hand-over's re-sent copy
+ * once told it otherwise: the review of issue 22's hand-overs). The one excuse is the documented
+ * one: a release of that hold was sent, and a fault closed the worker's connection while it was on
+ * its way; the client then sends it again, and the store cannot tell the copy's "not the owner"
+ * from its own first copy's release.
+ */
+function checkReleasedAfterForce(
+  events: readonly HistoryEvent[],
+  holds: readonly Judged[],
+  faultsOf: ReadonlyMap<number, readonly FaultRecord[]>,
+  violations: Violation[],
+): void {
+  const forced = new Map<string, Judged>();
+  for (const h of holds) if (h.goneBy !== undefined) forced.set(h.owner, h);
+  if (forced.size === 0) return;
+  const sent = new Map<string, number[]>();
+  for (const e of events) if (e.kind === 'release-sent') sent.set(e.owner, [...(sent.get(e.owner) ?? []), e.at]);
+  for (const e of events) {
+    // the 'released' event, or an explicit release() that answered true
+    if (e.kind !== 'freed' && e.kind !== 'release') continue;
+    const hold = forced.get(e.owner);
+    if (!hold) continue;
+    const resent = (sent.get(e.owner) ?? []).some((from) =>
+      (faultsOf.get(e.worker) ?? []).some(
+        (f) => f.closes !== false && f.operator !== true && f.from <= e.at && f.to >= from,
+      ),
+    );
+    if (resent) continue;
+    violations.push({
+      rule: 'released-after-force',
+      text:
+        `"${hold.name}": ${describe(hold)}, in ${fmt(hold.start)}–${fmt(hold.end)}, was force-unlocked ` +
+        `(from ${fmt(hold.forcedAt ?? hold.start)}) but told "released" at ${fmt(e.at)}` +
+        ((sent.get(e.owner) ?? []).length === 0 ? ', with no release of its own sent' : ''),
+    });
+  }
 }
 
 /** Rule 1, for the holds of one name in `start` order. */
