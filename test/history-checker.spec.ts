@@ -215,8 +215,20 @@ describe('history checker', () => {
       expect(rules([x, y, forced(['x']), sent, freed], [{ ...reset, from: 99, to: 99.5 }])).toEqual([
         'released-after-force',
       ]);
-      // A hold the call may have removed (it failed) is not judged.
+      // A hold the call may have removed (it failed) is not judged, nor one returned by a call whose
+      // connection dropped meanwhile (a re-sent copy finds every hold gone, and all those read are returned).
       expect(rules([x, y, forced(undefined, { before: undefined }), freed])).toEqual([]);
+      const operatorReset: FaultRecord = {
+        worker: 3,
+        kind: 'drop force-unlock + reset',
+        from: 44,
+        to: 44,
+        operator: true,
+      };
+      expect(rules([x, y, forced(['x']), freed], [operatorReset])).toEqual([]);
+      expect(rules([x, y, forced(['x']), freed], [{ ...operatorReset, closes: false }])).toEqual([
+        'released-after-force',
+      ]);
     });
 
     it('excuses a removed hold’s write refused by the next holder’s token', () => {

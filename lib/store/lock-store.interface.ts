@@ -195,7 +195,8 @@ export interface LockStore {
   /**
    * Drop every hold of `key`, whoever holds it (`LockService.forceUnlock`); the lock goes to the
    * next waiter as after a release, and each holder finds out at its next renewal. The holds
-   * removed (one that ended by itself while this ran may be among them). Has its effect once: a
+   * removed: not one its holder released meanwhile (one that ended by itself while this ran may be
+   * among them, and after a dropped connection, every hold it found). Has its effect once: a
    * copy the client re-sends never drops a hold taken after the first copy ran.
    */
   forceUnlock(key: string): Promise<StoredHold[]>;

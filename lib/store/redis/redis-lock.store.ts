@@ -479,14 +479,19 @@ export class RedisLockStore implements LockStore {
     // re-sent after a lost reply, drop the hold its first run had handed the lock to.
     const { holds } = await this.inspect(key);
     if (holds.length === 0) return [];
-    await this.run(FORCE_UNLOCK_SCRIPT, this.lineScriptKeys(key), [
+    const connection = this.connections;
+    const dropped = (await this.run(FORCE_UNLOCK_SCRIPT, this.lineScriptKeys(key), [
       this.echoes.expect(false),
       this.sharded,
       GRANT_MS,
       ...holds.map((hold) => hold.owner),
-    ]);
+    ])) as string[];
     this.releases.wakeLocal(key);
-    return holds.map((hold) => ({ ...hold, ttl: 0 }));
+    // The holds the script dropped: a hold its holder released between the read and the drop is
+    // not among them. A copy the client re-sent after its connection dropped finds every hold gone,
+    // its first copy's work or not: then each hold read may have been dropped.
+    const gone = connection !== this.connections ? holds : holds.filter((hold) => dropped.includes(hold.owner));
+    return gone.map((hold) => ({ ...hold, ttl: 0 }));
   }
 
   async health(): Promise<StoreHealth> {

@@ -624,7 +624,11 @@ function describe(hold: Judged): string {
  * it returned whose token is below Redis's clock read just before it ran; for a call whose outcome
  * is unknown, any hold taken before Redis's clock was read again after it (every hold, if never).
  */
-function judge(holds: readonly HoldRecord[], events: readonly HistoryEvent[]): Judged[] {
+function judge(
+  holds: readonly HoldRecord[],
+  events: readonly HistoryEvent[],
+  faults: readonly FaultRecord[],
+): Judged[] {
   const calls = new Map<string, ForceUnlockRecord[]>();
   for (const e of events) {
     if (e.kind !== 'force-unlock') continue;
@@ -644,7 +648,12 @@ function judge(holds: readonly HoldRecord[], events: readonly HistoryEvent[]): J
           : call.until === undefined || hold.token < call.until;
       if (!removed) continue;
       forcedAt = Math.min(forcedAt ?? Infinity, call.calledAt);
-      if (call.removed !== undefined) goneBy = Math.min(goneBy ?? Infinity, call.at);
+      // Surely removed: returned by a call whose connection did not drop meanwhile (after a drop, a
+      // re-sent copy finds every hold gone, and the call returns every hold it read).
+      const dropped = faults.some(
+        (f) => f.operator === true && f.closes !== false && f.from <= call.at && f.to >= call.calledAt,
+      );
+      if (call.removed !== undefined && !dropped) goneBy = Math.min(goneBy ?? Infinity, call.at);
     }
     return forcedAt === undefined ? hold : { ...hold, forcedAt, goneBy };
   });
@@ -798,6 +807,7 @@ export function checkHistory(
   const holds = judge(
     events.filter((e): e is HoldRecord => e.kind === 'hold'),
     events,
+    faults,
   );
   for (const e of events) {
     if (e.kind === 'error') violations.push({ rule: 'error', text: `worker ${e.worker}: ${e.error}` });
