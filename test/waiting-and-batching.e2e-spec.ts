@@ -626,12 +626,13 @@ describe('waiting without polling, and the batched watchdog', () => {
       const lines = await mon.window(from);
       const attempts = calls(lines, ACQUIRE_SCRIPT, key(name));
       expect(attempts.length).toBeGreaterThanOrEqual(2);
-      // Until SUBSCRIBE is answered the waiter polls with a back-off (a slow machine makes that
-      // take longer); once listening, it sleeps: after the SUBSCRIBE line, the retry after
-      // subscribing and at most one poll that raced the reply (polling all 300 ms would be 6+).
+      // Until SUBSCRIBE is answered the waiter polls with a back-off (5, 10, 20 ms ...; a slow
+      // machine makes the answer take longer); once listening, it sleeps: after the SUBSCRIBE line,
+      // the retry after subscribing and at most two polls that raced the reply (seen once in CI,
+      // with two suites beside it). Polling all 300 ms would be 6 or more: the bound stays below.
       const subscribedAt = lines.findIndex((args) => /^subscribe$/i.test(args[0]) && args.includes(key(name)));
       expect(subscribedAt).toBeGreaterThanOrEqual(0);
-      expect(calls(lines.slice(subscribedAt), ACQUIRE_SCRIPT, key(name)).length).toBeLessThanOrEqual(3);
+      expect(calls(lines.slice(subscribedAt), ACQUIRE_SCRIPT, key(name)).length).toBeLessThanOrEqual(4);
       expect(await unsubscribed(name)).toBe(true);
       expect(await holdsOf(redis, key(name))).toEqual({ [holder.owner]: '1' });
       await holder.release();
