@@ -177,20 +177,14 @@ export class HeldLocks implements HoldKeeper {
     // A waiter of this process is next: hand the lock over in one step instead (see `HandOver`).
     const handOver = wasHeld ? this.line.handOver(lock) : undefined;
     this.settle(lock, wasHeld ? 'released' : lock.state);
-    if (handOver) {
-      const outcome = await handOver;
-      if (outcome === 'handed-over') return this.released(lock);
-      if (outcome !== 'declined') {
-        // No answer: the hold may have gone over or not. Give it back (owner-checked) in the
-        // background, as after a release with no answer.
-        void this.store.giveBack(lock.key, lock.owner, lock.leaseMs);
-        throw redisFailed('release', lock.name, outcome.error);
-      }
-    }
     let result;
     try {
+      // Handed over: released by the waiter's attempt. Declined: released as usual. Neither
+      // answered: as a release with no answer.
+      const outcome = handOver && (await handOver);
+      if (typeof outcome === 'object') throw outcome.error;
       // Owner-checked: even for a lock known to be lost this only ever drops this owner's own hold.
-      result = await this.store.release(lock.key, lock.owner);
+      result = outcome === 'handed-over' ? 'released' : await this.store.release(lock.key, lock.owner);
     } catch (error) {
       // It may not have run (or its answer was lost): give the hold back in the background, retried
       // while Redis does not answer, rather than leave the lock taken for the rest of its lease.

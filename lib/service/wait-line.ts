@@ -137,7 +137,6 @@ export class WaitLine {
       placed = undefined;
     }
     let holding = false;
-    let myTurnCame = false;
     const stop = new AbortController();
     const abort = (): void => stop.abort();
     cancel?.addEventListener('abort', abort, { once: true });
@@ -146,7 +145,6 @@ export class WaitLine {
     try {
       const wait = deadline - now();
       const myTurn = wait > 0 && (await wakeOrTimeout(wait, stop.signal, (wake) => void place.turn.then(wake)));
-      myTurnCame = myTurn;
       this.gate.assertOpen(name);
       if (!myTurn) return null;
       let watch = await this.watchWithin(queue, Math.min(deadline - now(), SUBSCRIBE_GRACE_MS), stop.signal);
@@ -218,8 +216,6 @@ export class WaitLine {
     } finally {
       this.waits.delete(stop);
       cancel?.removeEventListener('abort', abort);
-      // An offer to the head that leaves now goes back to its holder (a later head may be far off).
-      if (myTurnCame) queue.decline();
       queue.leave(place);
       if (queue.empty && this.queues.get(key) === queue) {
         this.queues.delete(key);

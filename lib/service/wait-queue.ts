@@ -111,10 +111,14 @@ export class WaitQueue {
     return entry;
   }
 
-  /** Leave the line (at the head or anywhere in it); the next waiter's turn comes if the head left. */
+  /**
+   * Leave the line (at the head or anywhere in it); the next waiter's turn comes if the head left.
+   * A head that leaves declines the offer made to it, if any: the next head may be far off.
+   */
   leave(entry: WaitTicket): void {
     const index = this.line.indexOf(entry as Ticket);
     if (index === -1) return;
+    if (index === 0) this.decline();
     this.line.splice(index, 1);
     if (index === 0) this.line[0]?.start();
   }

@@ -138,10 +138,10 @@ export class MemoryLockStore implements LockStore {
       entry.refusals -= 1;
       return busy(this.remaining(entry, at));
     }
-    const handing = options.from === undefined ? undefined : entry.holds.get(options.from);
-    if (handing?.exclusive && share === undefined) {
+    const { from } = options;
+    if (from !== undefined && share === undefined && entry.holds.get(from)?.exclusive) {
       // A local hand-over: the holder's hold becomes the new owner's in one step (never free between).
-      entry.holds.delete(options.from as string);
+      entry.holds.delete(from);
       const index = waiter ? entry.line.findIndex((place) => place.id === waiter) : -1;
       if (index !== -1) entry.line.splice(index, 1);
       return { ...this.hold(entry, owner, leaseMs, options, at), handedOver: true };
@@ -162,7 +162,7 @@ export class MemoryLockStore implements LockStore {
     if (share !== undefined && entry.line.length > 0 && (share === 0 || holds.length + 1 < share)) {
       this.announce(entry);
     }
-    return options.from === undefined ? taken : { ...taken, handedOver: false };
+    return from === undefined ? taken : { ...taken, handedOver: false };
   }
 
   /** Write `owner`'s hold with a new fencing token. */

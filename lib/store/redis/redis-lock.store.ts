@@ -290,19 +290,19 @@ export class RedisLockStore implements LockStore {
     const [taken, value, third] = reply as [number, number, number?];
     if (taken !== 1)
       return third === undefined ? { acquired: false, ttl: value } : { acquired: false, ttl: value, turnMs: third };
+    // A hand-over answers 1 (handed over), 2 (a re-sent copy of one that handed over) or 3 (a
+    // re-sent copy of one that found `from` holding nothing); nothing, when `from` held nothing.
+    const handedOver = third === 1 || third === 2;
     if (this.replicaAck) {
       try {
         await this.confirmed(key, owner, leaseMs);
       } catch (error) {
         // The script ran: `from`'s hold went over before the new one fell short of its replicas.
-        if (third === 1 || third === 2) markHandedOver(error);
+        if (handedOver) markHandedOver(error);
         throw error;
       }
     }
-    // A hand-over answers 1 (handed over), 2 (a re-sent copy of one that handed over) or 3 (a
-    // re-sent copy of one that found `from` holding nothing); nothing, when `from` held nothing.
-    if (from !== undefined) return { acquired: true, token: value, handedOver: third === 1 || third === 2 };
-    return { acquired: true, token: value };
+    return from === undefined ? { acquired: true, token: value } : { acquired: true, token: value, handedOver };
   }
 
   /** The replicas have the hold just taken; otherwise it is given back and the acquisition fails. */
