@@ -96,16 +96,19 @@ describe('lock events (LockService.on) on a real Redis', () => {
 
   it('renewed (with its lag), lost, and a re-entry', async () => {
     const name = fresh();
+    // Renewed every 500 ms: a lease long enough that a loaded machine's late timer does not lose it.
+    const watchdog = 1_500;
     await a.locks.withLock(
       name,
       async (outer) => {
         await a.locks.withLock(name, async () => undefined);
-        await sleep(450);
+        // Three renewals, each waited for as it is announced.
+        await eventually(() => of(name).filter((type) => type === 'renewed').length >= 3, 10_000);
         expect(outer.signal.aborted).toBe(false);
         await redis.del(a.prefix + name);
-        await abortReason(outer.signal, 2_000);
+        await abortReason(outer.signal, 5_000);
       },
-      { lockWatchdogTimeout: 300 },
+      { lockWatchdogTimeout: watchdog },
     );
     const events = seen.filter((e) => e.name === name);
     expect(events.map((e) => e.type).slice(0, 2)).toEqual(['acquired', 'acquired']);
@@ -113,10 +116,11 @@ describe('lock events (LockService.on) on a real Redis', () => {
     const renewed = events.filter((e): e is LockEvent<'renewed'> => e.type === 'renewed');
     expect(renewed.length).toBeGreaterThanOrEqual(3);
     // How late each renewal ran after it fell due: under the lease (else the lock was lost), and
-    // near zero for most (a busy machine may stall one timer by ~100 ms).
+    // for one of them at least, well under the renewal period (a lag counted from the acquisition
+    // instead of the due time would be a period or more).
     for (const event of renewed) expect(event.lagMs).toBeGreaterThanOrEqual(0);
-    for (const event of renewed) expect(event.lagMs).toBeLessThan(300);
-    expect(Math.min(...renewed.map((event) => event.lagMs))).toBeLessThan(50);
+    for (const event of renewed) expect(event.lagMs).toBeLessThan(watchdog);
+    expect(Math.min(...renewed.map((event) => event.lagMs))).toBeLessThan(watchdog / 3 / 2);
     expect(events.find((e) => e.type === 'lost')).toMatchObject({ reason: 'not-owner' });
     expect(events.some((e) => e.type === 'released')).toBe(false); // a lost lock is not released
   });
