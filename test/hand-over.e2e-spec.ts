@@ -11,6 +11,7 @@
  */
 import type { Redis } from 'ioredis';
 import type { LockHandle, LockService } from 'nestjs-dislock';
+import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared.script';
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { createTestApp, type TestApp } from './support/app';
@@ -25,8 +26,8 @@ const WAIT = 10_000;
 const argvOf = (args: Line): string[] => args.slice(3 + keysOf(args).length);
 
 /** The acquisitions among `lines` that were hand-overs (they send the holder's owner id as ARGV[10]). */
-const handOvers = (lines: readonly Line[], key: string): string[][] =>
-  calls(lines, ACQUIRE_SCRIPT, key)
+const handOvers = (lines: readonly Line[], key: string, script = ACQUIRE_SCRIPT): string[][] =>
+  calls(lines, script, key)
     .map(argvOf)
     .filter((argv) => argv.length === 10);
 
@@ -45,7 +46,7 @@ function nextWaiting(service: LockService, name: string): Promise<void> {
 async function startWaiting(
   service: LockService,
   name: string,
-  options: { expire: number; signal?: AbortSignal },
+  options: { expire: number; signal?: AbortSignal; permits?: number; mode?: 'read' | 'write' },
 ): Promise<{ got: Promise<LockHandle> }> {
   const waiting = nextWaiting(service, name);
   const got = service.lock(name, { waitTime: WAIT, ...options });
@@ -186,5 +187,81 @@ describe('hand-overs inside one process', () => {
       expect(await last.release()).toBe(true);
       expect(await redis.exists(key)).toBe(0);
     }
+  });
+  it('a semaphore’s permit passes between waiters of one process in one step each; never more holders than permits', async () => {
+    const prefix = uniquePrefix('hand-over-permit');
+    const t = await app(prefix);
+    const name = 'permits';
+    const key = prefix + name;
+    const permits = 2;
+    const first = await t.locks.lock(name, { permits, expire: 20_000 });
+    const other = await t.locks.lock(name, { permits, expire: 20_000 });
+    const expires = [9_000, 8_000, 7_000, 6_000];
+    const waiters = [];
+    for (const expire of expires) waiters.push(await startWaiting(t.locks, name, { permits, expire }));
+    const from = mon.lines.length;
+    expect(await first.release()).toBe(true);
+
+    const handles: LockHandle[] = [];
+    for (const [i, waiter] of waiters.entries()) {
+      const handle = await waiter.got;
+      handles.push(handle);
+      // Two holds: the other holder's, and this one's with its own lease in place of the one before.
+      const holds = Object.keys(await redis.hgetall(key)).filter((field) => !field.startsWith('='));
+      expect(holds.sort()).toEqual([other.owner, handle.owner].sort());
+      const lease = Number(await redis.hget(key, handle.owner)) - Number((await redis.time())[0]) * 1000;
+      expect(lease).toBeLessThanOrEqual(expires[i] + 1_000);
+      expect(lease).toBeGreaterThan(expires[i] - 1_000);
+      expect(await handle.release()).toBe(true);
+    }
+    expect(await other.release()).toBe(true);
+    expect(await redis.exists(key)).toBe(0);
+
+    const lines = await mon.window(from);
+    // The first waiter takes a permit from the line (the first holder released it); each later one
+    // takes the permit over from the one before, naming it; no other acquisition takes one.
+    expect(handOvers(lines, key, ACQUIRE_SHARED_SCRIPT).map((argv) => argv[9])).toEqual(
+      handles.slice(0, -1).map((handle) => handle.owner),
+    );
+    expect(calls(lines, RELEASE_SCRIPT, key).map((args) => argvOf(args)[0])).toEqual([
+      first.owner,
+      handles[handles.length - 1].owner,
+      other.owner,
+    ]);
+    const tokens = [first, ...handles].map((handle) => handle.fencingToken);
+    expect(tokens).toEqual([...tokens].sort((a, b) => a - b));
+  });
+
+  it('a reader’s hold is never handed over: a writer waiting in another process goes before a reader here that came after it', async () => {
+    const prefix = uniquePrefix('hand-over-reader');
+    const [a, b] = [await app(prefix), await app(prefix)];
+    const name = 'rw';
+    const key = prefix + name;
+    const order: string[] = [];
+    // The reader comes through the line, with another reader here behind it: it would have a
+    // hand-over to make, if readers made them.
+    const first = await a.locks.lock(name, { mode: 'write', expire: 20_000 });
+    const waiting = await startWaiting(a.locks, name, { mode: 'read', expire: 20_000 });
+    const writer = await startWaiting(b.locks, name, { mode: 'write', expire: 20_000 });
+    // A second reader here comes after the writer: it waits behind it.
+    const late = await startWaiting(a.locks, name, { mode: 'read', expire: 20_000 });
+    const from = mon.lines.length;
+    expect(await first.release()).toBe(true);
+    const reader = await waiting.got;
+    const done = Promise.all(
+      [
+        ['writer', writer.got],
+        ['late reader', late.got],
+      ].map(async ([label, got]) => {
+        const handle = await (got as Promise<LockHandle>);
+        order.push(label as string);
+        await handle.release();
+      }),
+    );
+    expect(await reader.release()).toBe(true);
+    await done;
+    expect(order).toEqual(['writer', 'late reader']);
+    expect(handOvers(await mon.window(from), key, ACQUIRE_SHARED_SCRIPT)).toEqual([]);
+    expect(await redis.exists(key)).toBe(0);
   });
 });

@@ -769,6 +769,57 @@ describe('every script is safe to run twice: its reply lost, ioredis re-sends it
     });
   });
 
+  describe('acquire-shared, a local hand-over of a permit', () => {
+    it("the holder's permit replaced by the caller's once, its place gone, the other line passed by; the re-sent copy answers handed over", async () => {
+      const c: Case<AcquireResult> = {
+        script: ACQUIRE_SHARED_SCRIPT,
+        scene: async (k) => {
+          await share(k, 'soP0', 2);
+          await share(k, 'soP1', 2);
+          await queue(k, 'sP2', 2); // the caller's line
+          await queue(k, 'sP3', 2); // another process's, which the hand-over passes by
+          await keepPlaces(k);
+        },
+        call: (k) =>
+          store.acquire(k.lock, 'soP2', LEASE.soP2, {
+            share: 2,
+            waiter: 'sP2',
+            describe: described('soP2'),
+            from: 'soP0',
+          }),
+        reissues: true,
+      };
+      const p = await judge(c);
+      expect(p.once).toMatchObject({ acquired: true, handedOver: true });
+      // The re-sent copy finds the caller holding (only its first run can have put it there), with
+      // its description saying it was handed over: taken, handed over, with a new token.
+      expect(p.twice).toMatchObject({ acquired: true, handedOver: true });
+      expect([...p.first.hash.keys()].sort()).toEqual(['soP1', 'soP2']);
+      expect([...p.after.hash.keys()].sort()).toEqual(['soP1', 'soP2']);
+      expect(p.after.line).toEqual(['sP3']);
+      expect(p.first.fence).toBeGreaterThan(p.before.fence);
+      const token = p.twice.acquired ? p.twice.token : NaN;
+      expect(token).toBeGreaterThan(p.first.fence);
+      expect(token).toBe(p.after.fence);
+      expect(p.after.info.get('soP2')?.split('|')[1]).toBe(String(token));
+      expect(p.after.info.has('soP0')).toBe(false);
+    });
+
+    it('from a holder that holds nothing: a permit taken as by any attempt; the re-sent copy says nothing was handed over', async () => {
+      const c: Case<AcquireResult> = {
+        script: ACQUIRE_SHARED_SCRIPT,
+        scene: async (k) => void (await share(k, 'soP1', 2)), // soP0's permit is gone before it hands over
+        call: (k) => store.acquire(k.lock, 'soP2', LEASE.soP2, { share: 2, describe: described('soP2'), from: 'soP0' }),
+        reissues: true,
+      };
+      const p = await judge(c);
+      // A holder told "handed over" would never learn that its permit was lost while its code ran.
+      expect(p.once).toMatchObject({ acquired: true, handedOver: false });
+      expect(p.twice).toMatchObject({ acquired: true, handedOver: false });
+      expect([...p.after.hash.keys()].sort()).toEqual(['soP1', 'soP2']);
+    });
+  });
+
   // ---- release ---------------------------------------------------------------------------------------
 
   describe('release', () => {

@@ -24,6 +24,7 @@ import { RedisCluster } from './support/cluster';
 import { RedisServer } from './support/redis-server';
 import { sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
 import { DISLOCK_STORE } from '../lib/options/dislock.internal-constants';
+import { SHARED_OWNER_PREFIX } from '../lib/core/owner-ids';
 
 /** A store the suite runs against, and what it needs to look like a real deployment. */
 interface StoreUnderTest {
@@ -240,6 +241,46 @@ describe.each([redisStore, memoryStore, clusterStore, redlockStore].map((make) =
         handedOver: false,
       });
       expect(await storeA.release(key, fourth)).toBe('released');
+    });
+
+    it('store level: a permit is handed over in one step, never past the new owner’s own bound, never to a writer', async ({
+      skip,
+    }) => {
+      if (!storeA.handsOver) return skip(); // Redlock releases and takes anew
+      const key = prefix + fresh('permit-hand-over');
+      const permit = (): string => SHARED_OWNER_PREFIX + randomBytes(16).toString('hex');
+      const [first, second, third, fourth, fifth] = [permit(), permit(), permit(), permit(), permit()];
+      const taken = await storeA.acquire(key, first, 10_000, { share: 2 });
+      expect(await storeA.acquire(key, second, 10_000, { share: 2 })).toMatchObject({ acquired: true });
+      expect(await storeB.acquire(key, permit(), 1_000, { share: 2 })).toMatchObject({ acquired: false });
+      const handed = await storeA.acquire(key, third, 5_000, { share: 2, from: first });
+      expect(handed).toMatchObject({ acquired: true, handedOver: true });
+      if (!taken.acquired || !handed.acquired) return;
+      expect(handed.token).toBeGreaterThan(taken.token);
+      // Two holds still: the second's, and the new one with its own lease in place of the first's.
+      expect((await storeA.check(key, first)).held).toBe(false);
+      const checked = await storeA.check(key, third);
+      expect(checked.held).toBe(true);
+      expect(checked.ttl).toBeLessThanOrEqual(5_000);
+      expect(checked.ttl).toBeGreaterThan(4_000);
+      expect((await storeA.inspect(key)).holds.map((hold) => hold.owner).sort()).toEqual([second, third].sort());
+      expect(await storeB.acquire(key, permit(), 1_000, { share: 2 })).toMatchObject({ acquired: false });
+      // Under a bound of 1 the second's hold leaves no room: not handed over, and the holder keeps it.
+      expect(await storeA.acquire(key, fourth, 5_000, { share: 1, from: third })).toMatchObject({ acquired: false });
+      expect((await storeA.check(key, third)).held).toBe(true);
+      // A writer's attempt from it is an ordinary one: a shared hold is never handed to an exclusive one.
+      const writer = randomBytes(16).toString('hex');
+      expect(await storeA.acquire(key, writer, 5_000, { from: third })).toMatchObject({ acquired: false });
+      expect((await storeA.check(key, third)).held).toBe(true);
+      expect(await storeA.release(key, third)).toBe('released');
+      expect(await storeA.release(key, second)).toBe('released');
+      // From an owner that no longer holds anything: taken like any free permit, nothing handed over.
+      expect(await storeA.acquire(key, fifth, 5_000, { share: 2, from: third })).toMatchObject({
+        acquired: true,
+        handedOver: false,
+      });
+      expect(await storeA.release(key, fifth)).toBe('released');
+      expect((await storeA.inspect(key)).holds).toEqual([]);
     });
 
     it('the watchdog keeps a lock past several leases; stopRenewal lets it lapse', async () => {

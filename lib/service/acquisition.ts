@@ -282,8 +282,8 @@ export class Acquisition implements Attempter {
    * With a `seat` (a waiting line's place in the store's line), the attempt keeps that place, or
    * takes up a grant to it (a release handed the lock to the head of the line): either way the hold
    * starts on the store's reply, with the caller's own lease counted from when the attempt was sent.
-   * With a `handOver` (a finished holder's offer, exclusive holds only), the attempt takes that
-   * holder's hold over in the same step, and tells the holder how it went.
+   * With a `handOver` (a finished holder's offer, of the kind this attempt asks for), the attempt
+   * takes that holder's hold over in the same step, and tells the holder how it went.
    */
   async attempt(
     name: string,

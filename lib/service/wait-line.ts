@@ -75,19 +75,21 @@ export class WaitLine {
   }
 
   /**
-   * `lock` (exclusive, held, its code finished) is about to be released: hand it over instead to
-   * the head of this process's line for its key, if one waits and the lock's turn here is not
-   * over. Resolves with how that went (`declined`: release it as usual); undefined when there is
-   * nobody to offer it to.
+   * `lock` (exclusive or a semaphore's permit, held, its code finished) is about to be released:
+   * hand it over instead to the head of this process's line for its key, if one waits and the
+   * lock's turn here is not over. Resolves with how that went (`declined`: release it as usual);
+   * undefined when there is nobody to offer it to. A reader's hold is never offered: a reader that
+   * waits here waits for a writer, and passing it a hold would let it overtake that writer.
    */
   handOver(lock: HeldLock): Promise<HandOverOutcome> | undefined {
-    if (lock.handOversLeft <= 0 || !this.store.handsOver || lock.shared || this.gate.closing) return undefined;
+    const share = shareOf(lock.options);
+    if (lock.handOversLeft <= 0 || !this.store.handsOver || share === 0 || this.gate.closing) return undefined;
     const queue = this.queues.get(lock.key);
     // The head must have time to take it while the lease surely runs (no renewal runs meanwhile).
     if (!queue || lock.leaseEndsAt - now() <= 4 * HAND_OVER_WAIT_MS) return undefined;
     return new Promise((settle) => {
       const offered = queue.offer(
-        { from: lock.owner, handOversLeft: lock.handOversLeft - 1, settle },
+        { from: lock.owner, share, handOversLeft: lock.handOversLeft - 1, settle },
         HAND_OVER_WAIT_MS,
       );
       if (!offered) settle('declined');
@@ -121,10 +123,10 @@ export class WaitLine {
     /** The place the caller's first attempt took in the store's line, if it took one. */
     placed?: { readonly place: LineSeat; readonly ttl: number },
   ): Promise<Handle | null> {
-    const shared = shareOf(options) !== undefined;
+    const share = shareOf(options);
     let queue = this.queues.get(key);
     if (!queue) {
-      const place = placed?.place ?? this.newSeat(shared);
+      const place = placed?.place ?? this.newSeat(share !== undefined);
       // Outside the caller's lock scope: the subscriber connection this may open outlives the call.
       queue = new WaitQueue(
         place,
@@ -179,9 +181,9 @@ export class WaitLine {
         // store's line) wakes it as any release does: this attempt takes the grant up, and the
         // hold starts on its reply, with the caller's own lease.
         if (tryNow) {
-          // A holder here that finished meanwhile may have offered its hold (a reader takes none).
+          // A holder here that finished meanwhile may have offered its hold, if of the kind asked for.
           let handOver = queue.take();
-          if (handOver && shared) {
+          if (handOver && handOver.share !== share) {
             handOver.settle('declined');
             handOver = undefined;
           }

@@ -20,19 +20,22 @@ interface Ticket extends WaitTicket {
 export type HandOverOutcome =
   /** The head's attempt replaced the holder's hold with its own: the holder has nothing to release. */
   | 'handed-over'
-  /** Not taken (no head came for it in time, the head takes shared holds, or the store did not hand over): release as usual. */
+  /** Not taken (no head came for it in time, the head asks for another kind of hold, or the store did not hand over): release as usual. */
   | 'declined'
   /** The head's attempt failed with no answer: whether the hold went over cannot be known. */
   | { readonly error: unknown };
 
 /**
- * A holder here that has finished offers its exclusive hold to the head of this process's line
- * for the key, to be taken over in one step (see `AcquireOptions.from`) rather than released and
- * taken again: one round trip instead of two, with no other process woken. Settled once.
+ * A holder here that has finished offers its hold (exclusive, or a semaphore's permit) to the head
+ * of this process's line for the key, to be taken over in one step (see `AcquireOptions.from`)
+ * rather than released and taken again: one round trip instead of two, with no other process
+ * woken. Settled once.
  */
 export interface HandOver {
   /** The finished holder's owner id. */
   readonly from: string;
+  /** The kind of hold offered, as `shareOf` gives it: only a head that asks for the same takes it. */
+  readonly share: number | undefined;
   /** How many more times the lock may be handed over here after this one, before it is released. */
   readonly handOversLeft: number;
   settle(outcome: HandOverOutcome): void;

@@ -77,12 +77,14 @@ export interface AcquireOptions {
   /** A description of the holder (JSON), kept with the hold for `inspect`, and gone with it. */
   readonly describe?: string;
   /**
-   * A local hand-over (stores with `handsOver` only; exclusive holds only): the owner id of an
-   * exclusive hold of this same application whose holder has finished and hands the lock to this
+   * A local hand-over (stores with `handsOver` only): the owner id of a hold of this same
+   * application, of the kind this attempt asks for, whose holder has finished and hands it to this
    * attempt instead of releasing it. While `from` still holds `key`, its hold (with its description
    * and waiting mark) is replaced by the new owner's in one atomic step, with a fresh fencing token
    * and the new owner's own lease: the lock is never free in between, whoever waits in the store's
-   * line. When `from` holds nothing, the attempt is an ordinary one. See `handedOver`.
+   * line, and the number of holds never changes. A shared hold passes only while the others leave
+   * room under this attempt's own `share`. Otherwise the attempt is an ordinary one. See
+   * `handedOver`.
    */
   readonly from?: string;
   /**

@@ -139,7 +139,7 @@ export class MemoryLockStore implements LockStore {
       return busy(this.remaining(entry, at));
     }
     const { from } = options;
-    if (from !== undefined && share === undefined && entry.holds.get(from)?.exclusive) {
+    if (from !== undefined && this.passes(entry, from, share)) {
       // A local hand-over: the holder's hold becomes the new owner's in one step (never free between).
       entry.holds.delete(from);
       const index = waiter ? entry.line.findIndex((place) => place.id === waiter) : -1;
@@ -163,6 +163,17 @@ export class MemoryLockStore implements LockStore {
       this.announce(entry);
     }
     return from === undefined ? taken : { ...taken, handedOver: false };
+  }
+
+  /**
+   * Whether `from` holds a hold of the kind asked for (`share`, see `AcquireOptions`) that can pass
+   * to a new owner: an exclusive one always, a shared one while the other shared holds leave room
+   * under `share`. Expects the lapsed holds pruned.
+   */
+  private passes(entry: Entry, from: string, share: number | undefined): boolean {
+    const passing = entry.holds.get(from);
+    if (!passing || passing.exclusive !== (share === undefined)) return false;
+    return share === undefined || share === 0 || entry.holds.size - 1 < share;
   }
 
   /** Write `owner`'s hold with a new fencing token. */

@@ -173,7 +173,7 @@ export class RedisLockStore implements LockStore {
   readonly lineRefreshMs = Math.floor(PLACE_MS / 3);
   /** A single server (or a hash slot's master) counts every shared hold of a key. */
   readonly boundsShares = true;
-  /** The acquire script hands a hold from one owner to the next in one step (see its ARGV[10]). */
+  /** The acquire scripts hand a hold from one owner to the next in one step (see their ARGV[10]). */
   readonly handsOver = true;
   /** Fencing counters and lines of waiters live under the module's key prefix too. */
   readonly reservedPrefixes = [FENCE_MARKER, LINE_MARKER];
@@ -252,7 +252,6 @@ export class RedisLockStore implements LockStore {
         `Owner id "${owner}" does not say its hold's kind: a shared hold's id starts with "${SHARED_OWNER_PREFIX}", an exclusive one's never does`,
       );
     }
-    if (from !== undefined && share !== undefined) throw new Error('Only an exclusive hold is handed over');
     const migration: Migration = {};
     const args: (string | number)[] = [
       owner,

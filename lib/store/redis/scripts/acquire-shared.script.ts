@@ -1,6 +1,7 @@
 import {
   DROP_LAPSED_LUA,
   FOREIGN_KEY_LUA,
+  HANDED_OVER_MARK,
   HOLD_LUA,
   LINE_HEAD_LUA,
   NEXT_TOKEN_LUA,
@@ -30,6 +31,8 @@ import { LuaScript } from './lua-script';
  * ARGV[8]  what to describe the holder with, as in acquire.script.ts
  * KEYS[5]  on a Cluster, the slot's guard: never written (see `slotGuardFor`)
  * ARGV[9]  ms a head named to look has to do so before its place lapses (see HEAD_TURN_LUA)
+ * ARGV[10] sent only for a local hand-over: the owner id of a live shared hold of the same
+ *          application that hands its place to this attempt instead of releasing it (see below)
  *
  * Returns {1, token} when taken; {0, pttl} when an exclusive hold (a writer) has the key, pttl its
  * remaining lease (a key of another type fails the script, see acquire.script.ts); {0, ms} when ARGV[7] shared holds have it, ms until
@@ -49,15 +52,25 @@ import { LuaScript } from './lua-script';
  * fewer holds than the attempt's own bound are live, so a lower bound admits nobody new until
  * enough holders have gone, and a higher one admits more at once.
  *
+ * A local hand-over (ARGV[10], `from`; the caller sends it for a semaphore's permits): while
+ * `from` holds a live shared hold and the other live holds leave room under this attempt's own
+ * bound, `from`'s hold and description are replaced by the new owner's (its description begun with
+ * HANDED_OVER_MARK), with a fresh token and the new owner's own lease, and the answer is
+ * {1, token, 1}. The number of holds never changes in that step, so nobody else is let in or kept
+ * out by it, and nothing is announced; who waits in the line is the caller's business, as in
+ * acquire.script.ts. When `from` holds nothing live, or its hold cannot pass under this attempt's
+ * bound, the attempt is an ordinary one (and `from` keeps its hold).
+ *
  * Safe to run twice: a re-sent copy finds its own owner id already holding, and answers "taken"
- * again with a new token, as the acquire script does.
+ * again with a new token, as the acquire script does; a re-sent hand-over answers {1, token, 2}
+ * when its first run handed over (the hold's description says so), {1, token, 3} when it did not.
  */
 export const ACQUIRE_SHARED_SCRIPT = new LuaScript(
   'acquire-shared',
   `
 local key, fence, owner, waiter = KEYS[1], KEYS[2], ARGV[1], ARGV[3]
 local line, deadlines = KEYS[3], KEYS[4]
-local lease, limit, grant = tonumber(ARGV[2]), tonumber(ARGV[7]), tonumber(ARGV[9])
+local lease, limit, grant, from = tonumber(ARGV[2]), tonumber(ARGV[7]), tonumber(ARGV[9]), ARGV[10]
 local now = redis.call('time')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 ${TAKE_PLACE_LUA}
@@ -69,7 +82,7 @@ end
 -- pcall: a key of another type is someone else's (FOREIGN_KEY_LUA)
 local holders = redis.pcall('hgetall', key)
 ${FOREIGN_KEY_LUA('holders')}
-local live, soonest, latest, lapsed, granted, again = 0, math.huge, 0, {}, false, false
+local live, soonest, latest, lapsed, granted, again, passing = 0, math.huge, 0, {}, false, false, false
 for i = 1, #holders, 2 do
   local field, ends = holders[i], tonumber(holders[i + 1])
   if string.sub(field, 1, 1) == '=' then
@@ -83,6 +96,11 @@ for i = 1, #holders, 2 do
   elseif ends <= ms then
     lapsed[#lapsed + 1] = field
     lapsed[#lapsed + 1] = '=' .. field
+  elseif field == from then
+    -- the hold handed over (ARGV[10]): not counted, it gives its place to this one
+    passing = true
+    if ends < soonest then soonest = ends end
+    if ends > latest then latest = ends end
   else
     -- a copy of this very call, re-sent after a lost reply, took it already
     if field == owner then again = true else live = live + 1 end
@@ -90,6 +108,21 @@ for i = 1, #holders, 2 do
     if ends > latest then latest = ends end
   end
 end
+-- a re-sent copy: whether its first run was handed a hold, from its description (see HOLD_LUA)
+local handed = again and from and string.sub(redis.call('hget', key, '=' .. owner) or '', 1, 1) == '${HANDED_OVER_MARK}'
+if passing and not again and not granted and (limit == 0 or live < limit) then
+  -- the token first: a foreign counter fails the script before anything is written
+  ${NEXT_TOKEN_LUA}
+  if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
+  redis.call('hdel', key, from, '=' .. from)
+  local ends = ms + lease
+  hold(owner, ends, string.format('%.0f', token), false, true)
+  if ends > latest then redis.call('pexpire', key, lease) end
+  if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then redis.call('zrem', deadlines, waiter) end
+  return {1, token, 1}
+end
+-- not handed over: \`from\` keeps its hold, which counts as any other
+if passing then live = live + 1 end
 if not again and not granted then
   if limit > 0 and live >= limit then return busy(soonest - ms) end
   if redis.call('exists', line) == 1 then
@@ -103,7 +136,7 @@ ${NEXT_TOKEN_LUA}
 if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
 if granted then redis.call('hdel', key, granted, '${WAITING_MARK}' .. granted) end
 local ends = ms + lease
-hold(owner, ends, string.format('%.0f', token))
+hold(owner, ends, string.format('%.0f', token), false, handed)
 if ends > latest then redis.call('pexpire', key, lease) end
 if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then
   redis.call('zrem', deadlines, waiter)
@@ -115,6 +148,7 @@ if waiter ~= '' and (limit == 0 or live + 1 < limit) and redis.call('exists', li
   local message, sharded = ARGV[6] .. ':' .. head .. ':' .. second .. ':', ARGV[5]
   ${PUBLISH_LUA('message')}
 end
+if again and from then return {1, token, handed and 2 or 3} end
 return {1, token}
 `,
 );
