@@ -116,14 +116,18 @@ export class WaitQueue {
 
   /**
    * Leave the line (at the head or anywhere in it); the next waiter's turn comes if the head left.
-   * A head that leaves declines the offer made to it, if any: the next head may be far off.
+   * An offer made to a head that leaves (it gave up, or its attempt already on its way took a
+   * permit) passes to the next head, whose first attempt takes it (the offer's wake-up is still
+   * pending on the line's watch); with nobody left, it is declined at once.
    */
   leave(entry: WaitTicket): void {
     const index = this.line.indexOf(entry as Ticket);
     if (index === -1) return;
-    if (index === 0) this.decline();
     this.line.splice(index, 1);
-    if (index === 0) this.line[0]?.start();
+    if (index !== 0) return;
+    const next = this.line[0];
+    if (next) next.start();
+    else this.decline();
   }
 
   /** A release seen locally: wake the head at once, or after `delayMs`. */
