@@ -272,6 +272,41 @@ describe('grants: a release hands the lock to the head of its line', () => {
         }
       });
 
+      it('a permit handed over to the head of the line while another is free names the next in line', async () => {
+        const [A, B] = [sharedWaiterId(), sharedWaiterId()];
+        expect((await acquireShared('sp1', '', 3))[0]).toBe(1);
+        expect((await acquireShared('sp2', '', 3))[0]).toBe(1);
+        expect((await acquireShared('sp3', '', 3))[0]).toBe(1);
+        for (const waiter of [A, B]) expect((await acquireShared(`s-attempt-of-${waiter}`, waiter, 3))[0]).toBe(0);
+        // sp3 is released: A, at the head, is named to look.
+        expect(await release('sp3')).toEqual([1, A, B, '']);
+        const channel = await listen();
+        try {
+          // Before A looks, sp1 (of A's process) finishes and hands its permit to A: A's place leaves
+          // the line, and with sp3's permit still free, B is named at once.
+          const handed = (await ACQUIRE_SHARED_SCRIPT.run(redis, k.all, [
+            's-taken-by-A',
+            10_000,
+            A,
+            PLACE_MS,
+            0,
+            NOTICE,
+            3,
+            '',
+            GRANT_MS,
+            'sp1',
+          ])) as number[];
+          expect([handed[0], handed[2]]).toEqual([1, 1]);
+          expect(Object.keys(await holdsOf(redis, k.key)).sort()).toEqual(['s-taken-by-A', 'sp2'].sort());
+          expect((await line()).order).toEqual([B]);
+          expect(await eventually(() => channel.messages.length === 1, 1_000)).toBe(true);
+          expect(channel.messages).toEqual([`${NOTICE}:${B}::`]);
+          expect((await acquireShared(`s-attempt-of-${B}`, B, 3))[0]).toBe(1);
+        } finally {
+          channel.stop();
+        }
+      });
+
       it('a writer’s release with a reader at the head deletes the key and names the reader: no grant, no token', async () => {
         const [R1, R2] = [sharedWaiterId(), sharedWaiterId()];
         expect((await acquire('writer', 10_000, ''))[0]).toBe(1);

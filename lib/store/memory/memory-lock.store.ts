@@ -144,7 +144,12 @@ export class MemoryLockStore implements LockStore {
       entry.holds.delete(from);
       const index = waiter ? entry.line.findIndex((place) => place.id === waiter) : -1;
       if (index !== -1) entry.line.splice(index, 1);
-      return { ...this.hold(entry, owner, leaseMs, options, at), handedOver: true };
+      const handed = this.hold(entry, owner, leaseMs, options, at);
+      // Its place left the line with a permit still free: the next in line looks, as on Redis.
+      if (index !== -1 && share !== undefined && entry.line.length > 0 && (share === 0 || entry.holds.size < share)) {
+        this.announce(entry);
+      }
+      return { ...handed, handedOver: true };
     }
     const holds = [...entry.holds.values()];
     const exclusive = holds.find((hold) => hold.exclusive);

@@ -57,8 +57,9 @@ import { LuaScript } from './lua-script';
  * bound, `from`'s hold and description are replaced by the new owner's (its description begun with
  * HANDED_OVER_MARK), with a fresh token and the new owner's own lease, and the answer is
  * {1, token, 1}. The number of holds never changes in that step, so nobody else is let in or kept
- * out by it, and nothing is announced; who waits in the line is the caller's business, as in
- * acquire.script.ts. When `from` holds nothing live, or its hold cannot pass under this attempt's
+ * out by it; who waits in the line is the caller's business, as in acquire.script.ts. A waiter
+ * whose place leaves the line that way passes the turn on, as one that takes a hold does: with a
+ * permit still free, the next in line is named to look. When `from` holds nothing live, or its hold cannot pass under this attempt's
  * bound, the attempt is an ordinary one (and `from` keeps its hold).
  *
  * Safe to run twice: a re-sent copy finds its own owner id already holding, and answers "taken"
@@ -118,7 +119,15 @@ if passing and not again and not granted and (limit == 0 or live < limit) then
   local ends = ms + lease
   hold(owner, ends, string.format('%.0f', token), false, true)
   if ends > latest then redis.call('pexpire', key, lease) end
-  if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then redis.call('zrem', deadlines, waiter) end
+  if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then
+    redis.call('zrem', deadlines, waiter)
+    -- its place left the line: with a permit still free, the next in line looks at once (as below)
+    if (limit == 0 or live + 1 < limit) and redis.call('exists', line) == 1 then
+      ${LINE_HEAD_LUA}
+      local message, sharded = ARGV[6] .. ':' .. head .. ':' .. second .. ':', ARGV[5]
+      ${PUBLISH_LUA('message')}
+    end
+  end
   return {1, token, 1}
 end
 -- not handed over: \`from\` keeps its hold, which counts as any other
