@@ -18,7 +18,6 @@ import type { Redis } from 'ioredis';
 import {
   DisLockTestingModule,
   type DisLockModuleOptions,
-  type LockEventType,
   type LockHandle,
   LockService,
   MemoryLockStore,
@@ -28,9 +27,10 @@ import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { createTestApp, type TestApp } from './support/app';
 import { settle } from './support/async';
-import { type CommandMatcher, FaultProxy, isScript } from './support/fault-proxy';
+import { FaultProxy, isScript } from './support/fault-proxy';
 import { holdsOf } from './support/lock-hash';
-import { calls, keysOf, type Line, Monitor } from './support/monitor';
+import { calls, type Line, Monitor } from './support/monitor';
+import { argvOf, handOversIn, isHandOverBy, startWaiting as waitingCall } from './support/hand-overs';
 import { RedisServer } from './support/redis-server';
 import { ReplicatedPair } from './support/sentinel';
 import { eventually } from './support/shared-redis';
@@ -39,41 +39,18 @@ const PREFIX = 'adv-hand-over:';
 /** Waiters wait long enough that waitTime never decides a test that is not about it. */
 const WAIT = 10_000;
 
-/** The ARGV of an EVALSHA/EVAL argv (MONITOR line or proxied command). */
-const argvOf = (args: readonly string[]): string[] => args.slice(3 + Number(args[2]));
-
 /** A proxied command that is a hand-over: the acquire script with the holder's owner id as ARGV[10]. */
-const isHandOver: CommandMatcher = (argv) => isScript(ACQUIRE_SCRIPT)(argv) && argvOf(argv).length === 10;
+const isHandOver = isHandOverBy(ACQUIRE_SCRIPT);
 
 /** The hand-overs of `key` among MONITOR `lines`: their ARGV. */
-const handOversIn = (lines: readonly Line[], key: string): string[][] =>
-  calls(lines, ACQUIRE_SCRIPT, key)
-    .map((args) => args.slice(3 + keysOf(args).length))
-    .filter((argv) => argv.length === 10);
-
-/** Resolves at `locks`' next event of `type` for lock `name`. */
-function nextEvent(locks: LockService, type: LockEventType, name: string): Promise<void> {
-  return new Promise((resolve) => {
-    const off = locks.on(type, (event) => {
-      if (event.name !== name) return;
-      off();
-      resolve();
-    });
-  });
-}
+const handOversOf = (lines: readonly Line[], key: string): string[][] => handOversIn(lines, key, ACQUIRE_SCRIPT);
 
 /** Starts a waiting `lock` call and resolves once it waits (its first attempt found the lock busy). */
-async function startWaiting(
+const startWaiting = (
   locks: LockService,
   name: string,
   options: Record<string, unknown> = {},
-): Promise<{ got: Promise<LockHandle> }> {
-  const waiting = nextEvent(locks, 'waiting', name);
-  const got = locks.lock(name, { waitTime: WAIT, ...options });
-  got.catch(() => undefined);
-  await waiting;
-  return { got };
-}
+): Promise<{ got: Promise<LockHandle> }> => waitingCall(locks, name, options, WAIT);
 
 /**
  * A holder that can hand over: the lock only gets a budget of hand-overs when it comes to this
@@ -280,10 +257,10 @@ describe('adversary: hand-overs inside one process', () => {
     expect(longestRun).toBeLessThanOrEqual(6);
     expect(sections.entries.length).toBeGreaterThan(50);
     console.log(
-      `[stress] ${sections.entries.length} entries, ${handOversIn(await monitor.window(from), key).length} hand-overs, longest run of A while B waits ${longestRun}`,
+      `[stress] ${sections.entries.length} entries, ${handOversOf(await monitor.window(from), key).length} hand-overs, longest run of A while B waits ${longestRun}`,
     );
     // The test exercised what it is about.
-    expect(handOversIn(await monitor.window(from), key).length).toBeGreaterThan(5);
+    expect(handOversOf(await monitor.window(from), key).length).toBeGreaterThan(5);
     await nothingLeft(redis, name);
     for (const t of [a, b]) expect((await t.locks.health()).heldLocks).toBe(0);
   }, 60_000);
@@ -319,7 +296,7 @@ describe('adversary: hand-overs inside one process', () => {
     ]);
     for (const name of names) expect(sections.get(name)?.overlaps).toEqual([]);
     const lines = await monitor.window(from);
-    expect(names.reduce((sum, name) => sum + handOversIn(lines, PREFIX + name).length, 0)).toBeGreaterThan(5);
+    expect(names.reduce((sum, name) => sum + handOversOf(lines, PREFIX + name).length, 0)).toBeGreaterThan(5);
     for (const name of names) await nothingLeft(redis, name);
     for (const t of [a, b]) expect((await t.locks.health()).heldLocks).toBe(0);
   }, 60_000);
@@ -383,7 +360,7 @@ describe('adversary: hand-overs inside one process', () => {
       await holder.release();
       const next = await rest[0];
       expect(performance.now() - lockedAt).toBeGreaterThanOrEqual(380);
-      expect(handOversIn(await monitor.window(from), key)).toEqual([]);
+      expect(handOversOf(await monitor.window(from), key)).toEqual([]);
       await next.release();
       await nothingLeft(redis, name);
     });
@@ -401,7 +378,7 @@ describe('adversary: hand-overs inside one process', () => {
       const next = await rest[0];
       expect(performance.now() - lockedAt).toBeGreaterThanOrEqual(380);
       const lines = await monitor.window(from);
-      expect(handOversIn(lines, key)).toEqual([]);
+      expect(handOversOf(lines, key)).toEqual([]);
       expect(calls(lines, RELEASE_SCRIPT, key).map((args) => argvOf(args)[0])).not.toContain(holder.owner);
       await next.release();
       await nothingLeft(redis, name);
@@ -418,7 +395,7 @@ describe('adversary: hand-overs inside one process', () => {
       holder.stopRenewal();
       await holder.release();
       const next = await rest[0];
-      expect(handOversIn(await monitor.window(from), key)).toEqual([]);
+      expect(handOversOf(await monitor.window(from), key)).toEqual([]);
       await next.release();
       await nothingLeft(redis, name);
     });

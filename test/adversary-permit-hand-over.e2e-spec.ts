@@ -20,7 +20,6 @@ import type { Redis } from 'ioredis';
 import {
   DisLockTestingModule,
   type DisLockModuleOptions,
-  type LockEventType,
   type LockHandle,
   LockService,
   MemoryLockStore,
@@ -29,9 +28,10 @@ import { lineKeysFor } from '../lib/store/redis/fence-key';
 import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared.script';
 import { createTestApp, type TestApp } from './support/app';
 import { settle } from './support/async';
-import { type CommandMatcher, FaultProxy, isScript } from './support/fault-proxy';
+import { FaultProxy, isScript } from './support/fault-proxy';
 import { descriptionsOf, holdsOf } from './support/lock-hash';
-import { calls, keysOf, type Line, Monitor } from './support/monitor';
+import { type Line, Monitor } from './support/monitor';
+import { argvOf, handOversIn, isHandOverBy, startWaiting as waitingCall } from './support/hand-overs';
 import { RedisServer } from './support/redis-server';
 import { eventually } from './support/shared-redis';
 
@@ -39,41 +39,18 @@ const PREFIX = 'adv-permit:';
 /** Waiters wait long enough that waitTime never decides a test that is not about it. */
 const WAIT = 15_000;
 
-/** The ARGV of an EVALSHA/EVAL argv (MONITOR line or proxied command). */
-const argvOf = (args: readonly string[]): string[] => args.slice(3 + Number(args[2]));
-
 /** A proxied command that is a permit hand-over: acquire-shared with the holder's owner id as ARGV[10]. */
-const isPermitHandOver: CommandMatcher = (argv) => isScript(ACQUIRE_SHARED_SCRIPT)(argv) && argvOf(argv).length === 10;
+const isPermitHandOver = isHandOverBy(ACQUIRE_SHARED_SCRIPT);
 
 /** The permit hand-overs of `key` among MONITOR `lines`: their ARGV. */
-const handOversIn = (lines: readonly Line[], key: string): string[][] =>
-  calls(lines, ACQUIRE_SHARED_SCRIPT, key)
-    .map((args) => args.slice(3 + keysOf(args).length))
-    .filter((argv) => argv.length === 10);
-
-/** Resolves at `locks`' next event of `type` for lock `name`. */
-function nextEvent(locks: LockService, type: LockEventType, name: string): Promise<void> {
-  return new Promise((resolve) => {
-    const off = locks.on(type, (event) => {
-      if (event.name !== name) return;
-      off();
-      resolve();
-    });
-  });
-}
+const handOversOf = (lines: readonly Line[], key: string): string[][] => handOversIn(lines, key, ACQUIRE_SHARED_SCRIPT);
 
 /** Starts a waiting `lock` call and resolves once it waits (its first attempt found the lock busy). */
-async function startWaiting(
+const startWaiting = (
   locks: LockService,
   name: string,
   options: Record<string, unknown> = {},
-): Promise<{ got: Promise<LockHandle> }> {
-  const waiting = nextEvent(locks, 'waiting', name);
-  const got = locks.lock(name, { waitTime: WAIT, ...options });
-  got.catch(() => undefined);
-  await waiting;
-  return { got };
-}
+): Promise<{ got: Promise<LockHandle> }> => waitingCall(locks, name, options, WAIT);
 
 /**
  * Holders that can hand over: a permit only gets a budget of hand-overs when it comes to this
@@ -97,14 +74,17 @@ async function lineUp(
 
 /**
  * Who is inside a critical section of one name, and every time an entry broke the rules: a writer
- * beside anyone, anyone beside a writer, a permit holder that found as many holders inside as its
- * own `permits` (it is admitted only while fewer are live; those inside here are live in Redis:
- * each is counted from its acquisition's answer to its release call).
+ * beside anyone, anyone beside a writer, a permit holder admitted while as many holders as its own
+ * `permits` were live. Those inside here are live in Redis (each is counted from its acquisition's
+ * answer to its release call), and fencing tokens give the order of admissions in Redis: the
+ * others inside with a smaller token were live when this one was admitted. (One with a larger
+ * token was admitted after it, under its own bound: with mixed bounds, an entry seen late here may
+ * find such holders inside without anything being wrong.)
  */
 class Sections {
   readonly violations: string[] = [];
   readonly entries: { who: string; token: number }[] = [];
-  private readonly inside = new Map<string, { bound: number | 'write' | 'read' }>();
+  private readonly inside = new Map<string, { bound: number | 'write' | 'read'; token: number }>();
   maxInside = 0;
 
   enter(who: string, bound: number | 'write' | 'read', token: number): void {
@@ -113,10 +93,12 @@ class Sections {
     if (bound === 'write' && others.length > 0) this.violations.push(`writer ${who} entered beside ${names}`);
     if (others.some(([, other]) => other.bound === 'write'))
       this.violations.push(`${who} entered beside a writer: ${names}`);
-    if (typeof bound === 'number' && others.length >= bound) {
-      this.violations.push(`${who} (permits ${bound}) entered with ${others.length} inside: ${names}`);
+    const before = others.filter(([, other]) => other.token < token);
+    if (typeof bound === 'number' && before.length >= bound) {
+      const admitted = before.map(([name]) => name).join(', ');
+      this.violations.push(`${who} (permits ${bound}) admitted with ${before.length} live: ${admitted}`);
     }
-    this.inside.set(who, { bound });
+    this.inside.set(who, { bound, token });
     this.maxInside = Math.max(this.maxInside, this.inside.size);
     this.entries.push({ who, token });
   }
@@ -269,7 +251,7 @@ describe('adversary: permit hand-overs inside one process', () => {
     const tokens = sections.entries.map((entry) => entry.token);
     expect(new Set(tokens).size).toBe(tokens.length);
     const lines = await monitor.window(from);
-    const handOvers = handOversIn(lines, key);
+    const handOvers = handOversOf(lines, key);
     console.log(
       `[permit stress] ${sections.entries.length} entries, ${handOvers.length} permit hand-overs, at most ${sections.maxInside} inside`,
     );
@@ -307,7 +289,7 @@ describe('adversary: permit hand-overs inside one process', () => {
       await monitor.sync();
       expect(await holdersOf(redis, name)).toEqual([beside.owner]);
       expect(narrowIn).toBe(false);
-      expect(handOversIn(await monitor.window(from), key)).toEqual([]);
+      expect(handOversOf(await monitor.window(from), key)).toEqual([]);
       expect(await beside.release()).toBe(true);
       const got = await narrow.got;
       expect(await holdersOf(redis, name)).toEqual([got.owner]);
@@ -347,7 +329,7 @@ describe('adversary: permit hand-overs inside one process', () => {
         expect(headIn).toBeLessThanOrEqual(headBound);
         expect(await beside.release()).toBe(true);
         expect(await got.release()).toBe(true);
-        expect(handOversIn(await monitor.window(from), key)).toEqual([]);
+        expect(handOversOf(await monitor.window(from), key)).toEqual([]);
         await nothingLeft(redis, name);
       }
     });
@@ -462,7 +444,7 @@ describe('adversary: permit hand-overs inside one process', () => {
         const dropped = proxy.dropReply(isPermitHandOver);
         const released = await holder.release();
         expect({ released, lost }).toEqual({ released: false, lost: [holder.owner] });
-        const handOvers = handOversIn(await monitor.window(from), key);
+        const handOvers = handOversOf(await monitor.window(from), key);
         let got: LockHandle | undefined;
         if (room) {
           got = await head;
@@ -508,7 +490,7 @@ describe('adversary: permit hand-overs inside one process', () => {
         }
         const next = await rest[0];
         if (how !== 'stopped') expect(performance.now() - lockedAt).toBeGreaterThanOrEqual(380);
-        expect(handOversIn(await monitor.window(from), key)).toEqual([]);
+        expect(handOversOf(await monitor.window(from), key)).toEqual([]);
         expect(await next.release()).toBe(true);
         await nothingLeft(redis, name);
       }

@@ -15,45 +15,24 @@ import { ACQUIRE_SHARED_SCRIPT } from '../lib/store/redis/scripts/acquire-shared
 import { ACQUIRE_SCRIPT } from '../lib/store/redis/scripts/acquire.script';
 import { RELEASE_SCRIPT } from '../lib/store/redis/scripts/release.script';
 import { createTestApp, type TestApp } from './support/app';
-import { calls, keysOf, type Line, Monitor } from './support/monitor';
+import { argvOf, handOversIn, startWaiting as waitingCall } from './support/hand-overs';
+import { calls, type Line, Monitor } from './support/monitor';
 import { RedisServer } from './support/redis-server';
 import { uniquePrefix } from './support/shared-redis';
 
 /** Waiters wait long enough that waitTime never decides a test that is not about it. */
 const WAIT = 10_000;
 
-/** The ARGV of an EVALSHA line. */
-const argvOf = (args: Line): string[] => args.slice(3 + keysOf(args).length);
-
 /** The acquisitions among `lines` that were hand-overs (they send the holder's owner id as ARGV[10]). */
 const handOvers = (lines: readonly Line[], key: string, script = ACQUIRE_SCRIPT): string[][] =>
-  calls(lines, script, key)
-    .map(argvOf)
-    .filter((argv) => argv.length === 10);
-
-/** Resolves at `service`'s next `waiting` event for `name`. */
-function nextWaiting(service: LockService, name: string): Promise<void> {
-  return new Promise((resolve) => {
-    const stop = service.on('waiting', (subject) => {
-      if (subject.name !== name) return;
-      stop();
-      resolve();
-    });
-  });
-}
+  handOversIn(lines, key, script);
 
 /** Starts a waiting `lock` call and resolves once it waits (its first attempt found the lock busy). */
-async function startWaiting(
+const startWaiting = (
   service: LockService,
   name: string,
   options: { expire: number; signal?: AbortSignal; permits?: number; mode?: 'read' | 'write' },
-): Promise<{ got: Promise<LockHandle> }> {
-  const waiting = nextWaiting(service, name);
-  const got = service.lock(name, { waitTime: WAIT, ...options });
-  got.catch(() => undefined);
-  await waiting;
-  return { got };
-}
+): Promise<{ got: Promise<LockHandle> }> => waitingCall(service, name, options, WAIT);
 
 describe('hand-overs inside one process', () => {
   let server: RedisServer;
