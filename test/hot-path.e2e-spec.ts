@@ -27,6 +27,12 @@ const CYCLES = 200;
 /** The commands of one uncontended tryLock + release, by name. */
 const ONE_CYCLE = { evalsha: 2, exists: 1, time: 1, set: 1, hset: 1, pexpire: 1, hdel: 1 };
 
+/**
+ * A semaphore's permit (or a read lock): the same acquisition; its release drops the hold and
+ * looks at the line (a shared hold carries no waiting mark): HDEL, then EXISTS.
+ */
+const ONE_SHARED_CYCLE = { evalsha: 2, exists: 2, time: 1, set: 1, hset: 1, pexpire: 1, hdel: 1 };
+
 @Injectable()
 class Orders {
   @DisLock({ key: 'order:{0}', expire: 10_000 })
@@ -77,6 +83,19 @@ describe('the uncontended hot path', () => {
     }
     expect(await commandCalls(redis)).toEqual(times(ONE_CYCLE, CYCLES));
     expect(await redis.keys(`${t.prefix}cycle:*`)).toEqual([]);
+  });
+
+  it(`one permit or read lock, taken and released, costs ${Object.values(ONE_SHARED_CYCLE).reduce((a, b) => a + b)} Redis commands`, async () => {
+    await (await t.locks.tryLock('warm-up-shared', { permits: 2, expire: 10_000 }))?.release();
+    await redis.config('RESETSTAT');
+    for (let i = 0; i < CYCLES; i += 1) {
+      const options = i % 2 === 0 ? { permits: 2 } : { mode: 'read' as const };
+      const handle = await t.locks.tryLock(`shared-cycle:${i}`, { expire: 10_000, ...options });
+      expect(handle).not.toBeNull();
+      expect(await handle?.release()).toBe(true);
+    }
+    expect(await commandCalls(redis)).toEqual(times(ONE_SHARED_CYCLE, CYCLES));
+    expect(await redis.keys(`${t.prefix}shared-cycle:*`)).toEqual([]);
   });
 
   it('an @DisLock method costs the same', async () => {
