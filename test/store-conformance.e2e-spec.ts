@@ -22,7 +22,7 @@ import {
 import { abortReason, lostReason, settle } from './support/async';
 import { RedisCluster } from './support/cluster';
 import { RedisServer } from './support/redis-server';
-import { sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
+import { eventually, sharedClient, sharedRedisUrl, sleep, uniquePrefix } from './support/shared-redis';
 import { DISLOCK_STORE } from '../lib/options/dislock.internal-constants';
 import { SHARED_OWNER_PREFIX } from '../lib/core/owner-ids';
 
@@ -285,22 +285,33 @@ describe.each([redisStore, memoryStore, clusterStore, redlockStore].map((make) =
 
     it('the watchdog keeps a lock past several leases; stopRenewal lets it lapse', async () => {
       const name = fresh();
-      const held = await a.lock(name, { lockWatchdogTimeout: 300 });
-      await sleep(800);
+      // A 900 ms lease renewed every 300 ms: long enough that a loaded machine's late timer does
+      // not lose it. The test waits for the renewals themselves, not for a time near their period.
+      let renewals = 0;
+      const off = a.on('renewed', (event) => void (event.name === name && (renewals += 1)));
+      const held = await a.lock(name, { lockWatchdogTimeout: 900 });
+      const since = performance.now();
+      try {
+        expect(await eventually(() => renewals >= 4, 10_000)).toBe(true);
+      } finally {
+        off();
+      }
+      expect(performance.now() - since).toBeGreaterThan(900); // past the first lease
       expect(held.signal.aborted).toBe(false);
       expect(await b.tryLock(name)).toBeNull();
       held.stopRenewal();
-      await sleep(450);
-      const next = await b.tryLock(name);
-      expect(next).not.toBeNull();
-      await next?.release();
+      // Lapses within its lease (no release): taken by another once Redis lets it go.
+      let next: LockHandle | null = null;
+      expect(await eventually(async () => (next = await b.tryLock(name)) !== null, 5_000, 50)).toBe(true);
+      await (next as LockHandle | null)?.release();
     });
 
     it('a lock lost from the store is reported at the next renewal, and its release frees nothing', async () => {
       const name = fresh();
-      const held = await a.lock(name, { lockWatchdogTimeout: 300 });
+      const held = await a.lock(name, { lockWatchdogTimeout: 900 });
       await store.evict(prefix + name);
-      expect(lostReason(await abortReason(held.signal, 1_500))).toBe('not-owner');
+      // Found at the next renewal (300 ms at most on a quiet machine).
+      expect(lostReason(await abortReason(held.signal, 5_000))).toBe('not-owner');
       expect(lost.some((event) => event.name === name && event.reason === 'not-owner')).toBe(true);
       const next = await b.lock(name);
       expect(await held.release()).toBe(false);
