@@ -30,7 +30,7 @@ import { createTestApp, type TestApp } from './support/app';
 import { settle } from './support/async';
 import { FaultProxy, isScript } from './support/fault-proxy';
 import { descriptionsOf, holdsOf } from './support/lock-hash';
-import { type Line, Monitor } from './support/monitor';
+import { calls, type Line, Monitor } from './support/monitor';
 import { argvOf, handOversIn, isHandOverBy, startWaiting as waitingCall } from './support/hand-overs';
 import { RedisServer } from './support/redis-server';
 import { eventually } from './support/shared-redis';
@@ -397,6 +397,12 @@ describe('adversary: permit hand-overs inside one process', () => {
       const { holders, rest } = await lineUp(t.locks, name, 3, 1, () => ({ permits: 1 }));
       const [holder] = holders;
       const [first, second] = rest;
+      // The next head here tried at once when the holder took its permit (a shared hold leaves
+      // room): its attempt must be answered before the pause, or the hand-over is never sent. Five
+      // attempts: three first ones, the holder's, that one; then a sync: Redis has answered them all.
+      const key = PREFIX + name;
+      expect(await eventually(() => calls(monitor.lines, ACQUIRE_SHARED_SCRIPT, key).length >= 5, 5_000)).toBe(true);
+      await monitor.sync();
       // Paused as the hand-over reaches Redis: it runs after the resume, past the client's patience.
       const arriving = monitor.next((args) => isScript(ACQUIRE_SHARED_SCRIPT)(args) && argvOf(args).length === 10);
       server.pause();
