@@ -253,8 +253,11 @@ describe('adversary: hand-overs inside one process', () => {
     expect(sections.overlaps).toEqual([]);
     expect(sections.tokenViolations()).toEqual([]);
     expect(lost).toEqual([]);
-    // One turn of A's line at most (its six callers) while a caller of B waits.
-    expect(longestRun).toBeLessThanOrEqual(6);
+    // A turn of A's line is six entries at most (its six callers). A caller of B counts as waiting
+    // here from its call on, before its first attempt has a place in the Redis line: on a loaded
+    // machine it can see two turns of A back to back (7 seen beside a CPU hog). Hand-overs without
+    // a budget give runs of dozens; the exact one-turn order is pinned in hand-over.e2e-spec.ts.
+    expect(longestRun).toBeLessThanOrEqual(12);
     expect(sections.entries.length).toBeGreaterThan(50);
     console.log(
       `[stress] ${sections.entries.length} entries, ${handOversOf(await monitor.window(from), key).length} hand-overs, longest run of A while B waits ${longestRun}`,
