@@ -611,13 +611,15 @@ describe('shared holds when Redis pauses, restarts or is down (a redis-server of
   });
 
   it('a restart that loses the data: both holders learn it at their next renewal (not-owner); tokens keep growing', async () => {
-    const reader = await t.locks.lock('restart-rw', { mode: 'read', lockWatchdogTimeout: 600 });
-    const permit = await t.locks.lock('restart-sem', { permits: 2, lockWatchdogTimeout: 600 });
+    // A 3 s lease: the restart must be over before it ends, or the holders learn of an expired
+    // lease instead (a restart beside a CPU hog took longer than the 600 ms this test once used).
+    const reader = await t.locks.lock('restart-rw', { mode: 'read', lockWatchdogTimeout: 3_000 });
+    const permit = await t.locks.lock('restart-sem', { permits: 2, lockWatchdogTimeout: 3_000 });
     await server.stop();
     await server.startProcess();
     const [readerLost, permitLost] = await Promise.all([
-      abortReason(reader.signal, 3_000),
-      abortReason(permit.signal, 3_000),
+      abortReason(reader.signal, 8_000),
+      abortReason(permit.signal, 8_000),
     ]);
     expect(lostReason(readerLost)).toBe('not-owner');
     expect(lostReason(permitLost)).toBe('not-owner');
