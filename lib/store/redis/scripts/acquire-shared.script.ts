@@ -121,28 +121,11 @@ for i = 1, #holders, 2 do
 end
 -- a re-sent copy: whether its first run was handed a hold, from its description (see HOLD_LUA)
 local handed = again and from and string.sub(redis.call('hget', key, '=' .. owner) or '', 1, 1) == '${HANDED_OVER_MARK}'
-if passing and not again and not granted and (limit == 0 or live < limit) then
-  -- the token first: a foreign counter fails the script before anything is written
-  ${NEXT_TOKEN_LUA}
-  if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
-  redis.call('hdel', key, from, '=' .. from)
-  local ends = ms + lease
-  hold(owner, ends, string.format('%.0f', token), false, true)
-  if ends > latest then redis.call('pexpire', key, lease) end
-  if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then
-    redis.call('zrem', deadlines, waiter)
-    -- its place left the line: with a permit still free, the next in line looks at once (as below)
-    if (limit == 0 or live + 1 < limit) and redis.call('exists', line) == 1 then
-      ${LINE_HEAD_LUA}
-      local message, sharded = ARGV[6] .. ':' .. head .. ':' .. second .. ':', ARGV[5]
-      ${PUBLISH_LUA('message')}
-    end
-  end
-  return {1, token, 1}
-end
+-- a local hand-over: \`from\`'s hold gives its place to this one, the number of holds unchanged
+local handing = passing and not again and not granted and (limit == 0 or live < limit)
 -- not handed over: \`from\` keeps its hold, which counts as any other
-if passing then live = live + 1 end
-if not again and not granted then
+if passing and not handing then live = live + 1 end
+if not again and not granted and not handing then
   if limit > 0 and live >= limit then return busy(soonest - ms) end
   if redis.call('exists', line) == 1 then
     ${DROP_LAPSED_LUA}
@@ -154,19 +137,21 @@ end
 ${NEXT_TOKEN_LUA}
 if #lapsed > 0 then redis.call('hdel', key, unpack(lapsed)) end
 if granted then redis.call('hdel', key, granted, '${WAITING_MARK}' .. granted) end
+if handing then redis.call('hdel', key, from, '=' .. from) end
 local ends = ms + lease
-hold(owner, ends, string.format('%.0f', token), false, handed)
+hold(owner, ends, string.format('%.0f', token), false, handing or handed)
 if ends > latest then redis.call('pexpire', key, lease) end
-if waiter ~= '' and redis.call('zrem', line, waiter) == 1 then
-  redis.call('zrem', deadlines, waiter)
-end
+local left = waiter ~= '' and redis.call('zrem', line, waiter) == 1
+if left then redis.call('zrem', deadlines, waiter) end
 -- A waiter that took a hold (from the head of the line, or by taking up a grant, which had
--- already taken it out of the line) leaves room behind it: the next in line looks at once.
-if waiter ~= '' and (limit == 0 or live + 1 < limit) and redis.call('exists', line) == 1 then
+-- already taken it out of the line) leaves room behind it: the next in line looks at once. One
+-- handed a hold passes the turn on only if its place left the line just now.
+if waiter ~= '' and (left or not handing) and (limit == 0 or live + 1 < limit) and redis.call('exists', line) == 1 then
   ${LINE_HEAD_LUA}
   local message, sharded = ARGV[6] .. ':' .. head .. ':' .. second .. ':', ARGV[5]
   ${PUBLISH_LUA('message')}
 end
+if handing then return {1, token, 1} end
 if again and from then return {1, token, handed and 2 or 3} end
 return {1, token}
 `,
